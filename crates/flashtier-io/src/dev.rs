@@ -1,0 +1,170 @@
+//! The `BlockDev` trait: what every storage layer in flashtier looks like to the one above it.
+
+use std::io;
+
+/// What a device can do, fixed when it is opened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DevInfo {
+    /// Size in bytes.
+    pub size: u64,
+    /// Writes, trims and zeroing fail with `EPERM`.
+    pub read_only: bool,
+    /// The smallest unit the device reads and writes without a read-modify-write (a power of two).
+    /// Requests need not be aligned to it, but aligned ones are cheaper.
+    pub min_block: u32,
+    /// The device keeps `flush` meaningful: it has a volatile cache that `flush` makes durable.
+    pub can_flush: bool,
+    /// `write_at(.., fua = true)` is cheaper than a write followed by `flush`.
+    pub native_fua: bool,
+    /// `trim` can actually release space (otherwise it is accepted and ignored).
+    pub can_trim: bool,
+    /// `write_zeroes` is supported without writing zero buffers in every case.
+    pub can_fast_zero: bool,
+    /// `extents` reports real allocation (otherwise everything is reported as data).
+    pub can_extents: bool,
+    /// The medium seeks (spinning disk), so callers may prefer sequential access.
+    pub rotational: bool,
+}
+
+impl DevInfo {
+    /// Defaults for a plain read-write device of `size` bytes with nothing special about it.
+    pub fn basic(size: u64) -> Self {
+        DevInfo {
+            size,
+            read_only: false,
+            min_block: 1,
+            can_flush: true,
+            native_fua: false,
+            can_trim: false,
+            can_fast_zero: false,
+            can_extents: false,
+            rotational: false,
+        }
+    }
+}
+
+/// Options for [`BlockDev::write_zeroes`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ZeroOpts {
+    /// The range may be deallocated (punched) as long as it reads back as zeroes.
+    pub may_trim: bool,
+    /// Fail with `ENOTSUP` instead of falling back to writing zero buffers, so the caller can
+    /// choose a cheaper strategy (the NBD `FAST_ZERO` flag).
+    pub fast_only: bool,
+    /// Durable before returning (the NBD `FUA` flag).
+    pub fua: bool,
+}
+
+/// One run of the allocation map, as reported by [`BlockDev::extents`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub len: u64,
+    /// Not allocated on the medium.
+    pub hole: bool,
+    /// Reads as zeroes.
+    pub zero: bool,
+}
+
+impl Extent {
+    pub const fn data(len: u64) -> Self {
+        Extent {
+            len,
+            hole: false,
+            zero: false,
+        }
+    }
+}
+
+/// A block device: a fixed-size array of bytes with durable writes on demand.
+///
+/// Implementations must be safe to call from many threads at once; overlapping concurrent writes
+/// may land in either order (as on a disk). Callers keep requests within `info().size`; devices
+/// still reject out-of-range requests with `EINVAL`/`ENOSPC` rather than trusting them.
+///
+/// Errors are `std::io::Error` so the errno survives all the way to the NBD reply.
+pub trait BlockDev: Send + Sync {
+    fn info(&self) -> &DevInfo;
+
+    /// One line for logs and `--help` output, e.g. `file /var/lib/x.img (O_DIRECT)`.
+    fn describe(&self) -> String;
+
+    /// Fills `buf` from `offset`. Short reads are an error.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+
+    /// Writes all of `buf` at `offset`. With `fua`, the data is durable when this returns.
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()>;
+
+    /// Makes every write that completed before this call durable.
+    fn flush(&self) -> io::Result<()>;
+
+    /// Hints that the range is no longer needed; its contents become unspecified.
+    fn trim(&self, offset: u64, len: u64) -> io::Result<()>;
+
+    /// Makes the range read as zeroes.
+    fn write_zeroes(&self, offset: u64, len: u64, opts: ZeroOpts) -> io::Result<()>;
+
+    /// Hints that the range will be read soon.
+    fn prefetch(&self, _offset: u64, _len: u64) -> io::Result<()> {
+        Ok(())
+    }
+
+    /// Appends the allocation map of `[offset, offset + len)` to `out`. It may stop early (the sum
+    /// of lengths is at most `len` and at least one extent is reported), and must not report more
+    /// than `max_extents` entries.
+    fn extents(
+        &self,
+        _offset: u64,
+        len: u64,
+        _max_extents: usize,
+        out: &mut Vec<Extent>,
+    ) -> io::Result<()> {
+        out.push(Extent::data(len));
+        Ok(())
+    }
+}
+
+/// Checks that `[offset, offset + len)` lies inside a device of `size` bytes. Writes beyond the
+/// end are `ENOSPC`, everything else `EINVAL`, as the NBD spec asks.
+pub fn check_range(size: u64, offset: u64, len: u64, is_write: bool) -> io::Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(io::Error::from_raw_os_error(if is_write {
+            libc::ENOSPC
+        } else {
+            libc::EINVAL
+        })),
+    }
+}
+
+/// Fills the range with zero buffers: the fallback when a device has no cheaper way to zero.
+pub fn write_zero_buffers(dev: &dyn BlockDev, offset: u64, len: u64, fua: bool) -> io::Result<()> {
+    const CHUNK: u64 = 1 << 20;
+    let zeroes = crate::AlignedBuf::zeroed(CHUNK.min(len) as usize);
+    let mut done = 0;
+    while done < len {
+        let n = CHUNK.min(len - done) as usize;
+        dev.write_at(&zeroes[..n], offset + done, false)?;
+        done += n as u64;
+    }
+    if fua {
+        dev.flush()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn range_checks_use_the_specs_errno() {
+        assert!(check_range(100, 0, 100, false).is_ok());
+        assert!(check_range(100, 100, 0, true).is_ok());
+        let e = check_range(100, 50, 51, true).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+        let e = check_range(100, 50, 51, false).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+        let e = check_range(100, u64::MAX, 2, false).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EINVAL));
+    }
+}

@@ -1,0 +1,124 @@
+//! A device in RAM: for tests, fuzzing and examples, where a file would only add noise.
+
+use std::io;
+use std::sync::RwLock;
+
+use crate::dev::{check_range, BlockDev, DevInfo, Extent, ZeroOpts};
+
+pub struct MemDev {
+    info: DevInfo,
+    data: RwLock<Vec<u8>>,
+}
+
+impl MemDev {
+    pub fn new(size: usize) -> MemDev {
+        MemDev {
+            info: DevInfo {
+                can_trim: true,
+                can_fast_zero: true,
+                ..DevInfo::basic(size as u64)
+            },
+            data: RwLock::new(vec![0; size]),
+        }
+    }
+
+    pub fn read_only(mut self) -> MemDev {
+        self.info.read_only = true;
+        self
+    }
+
+    /// A copy of the whole contents.
+    pub fn snapshot(&self) -> Vec<u8> {
+        self.data.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn check_writable(&self) -> io::Result<()> {
+        if self.info.read_only {
+            return Err(io::Error::from_raw_os_error(libc::EPERM));
+        }
+        Ok(())
+    }
+
+    fn zero(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check_writable()?;
+        check_range(self.info.size, offset, len, true)?;
+        let mut data = self.data.write().unwrap_or_else(|e| e.into_inner());
+        data[offset as usize..(offset + len) as usize].fill(0);
+        Ok(())
+    }
+}
+
+impl BlockDev for MemDev {
+    fn info(&self) -> &DevInfo {
+        &self.info
+    }
+
+    fn describe(&self) -> String {
+        format!("memory ({} bytes)", self.info.size)
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        check_range(self.info.size, offset, buf.len() as u64, false)?;
+        let data = self.data.read().unwrap_or_else(|e| e.into_inner());
+        buf.copy_from_slice(&data[offset as usize..offset as usize + buf.len()]);
+        Ok(())
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> io::Result<()> {
+        self.check_writable()?;
+        check_range(self.info.size, offset, buf.len() as u64, true)?;
+        let mut data = self.data.write().unwrap_or_else(|e| e.into_inner());
+        data[offset as usize..offset as usize + buf.len()].copy_from_slice(buf);
+        Ok(())
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.zero(offset, len)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, _opts: ZeroOpts) -> io::Result<()> {
+        self.zero(offset, len)
+    }
+
+    fn extents(
+        &self,
+        offset: u64,
+        len: u64,
+        _max_extents: usize,
+        out: &mut Vec<Extent>,
+    ) -> io::Result<()> {
+        check_range(self.info.size, offset, len, false)?;
+        out.push(Extent::data(len));
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn behaves_like_a_device() {
+        let dev = MemDev::new(8192);
+        dev.write_at(b"abc", 10, false).unwrap();
+        let mut b = [0u8; 3];
+        dev.read_at(&mut b, 10).unwrap();
+        assert_eq!(&b, b"abc");
+        dev.write_zeroes(0, 4096, ZeroOpts::default()).unwrap();
+        dev.read_at(&mut b, 10).unwrap();
+        assert_eq!(b, [0, 0, 0]);
+        assert_eq!(
+            dev.write_at(b"x", 8192, false).unwrap_err().raw_os_error(),
+            Some(libc::ENOSPC)
+        );
+        let ro = MemDev::new(10).read_only();
+        assert_eq!(
+            ro.write_at(b"x", 0, false).unwrap_err().raw_os_error(),
+            Some(libc::EPERM)
+        );
+    }
+}

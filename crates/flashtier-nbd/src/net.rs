@@ -1,0 +1,338 @@
+//! Where the server listens: a unix socket (the default) or TCP, and the stream type both yield.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::io::{AsRawFd, RawFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+
+use crate::ServerError;
+
+/// The IANA port for NBD.
+pub const DEFAULT_PORT: u16 = 10809;
+
+/// A listening address as given on the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl ListenAddr {
+    /// Parses `unix:PATH`, `tcp:HOST:PORT`, `HOST:PORT`, `:PORT` (loopback), or a socket path.
+    ///
+    /// TCP binds to loopback unless an address is named explicitly, so a forgotten host never
+    /// exposes a disk to the network.
+    pub fn parse(s: &str) -> Result<ListenAddr, ServerError> {
+        let bad = |why: &str| ServerError::BadListenAddr(s.to_string(), why.to_string());
+        if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err(bad("empty socket path"));
+            }
+            return Ok(ListenAddr::Unix(PathBuf::from(path)));
+        }
+        let tcp = |hostport: &str| -> Result<ListenAddr, ServerError> {
+            let (host, port) = hostport
+                .rsplit_once(':')
+                .ok_or_else(|| bad("expected HOST:PORT"))?;
+            let port: u16 = port.parse().map_err(|_| bad("port is not a number"))?;
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let host = if host.is_empty() { "127.0.0.1" } else { host };
+            let addr = (host, port)
+                .to_socket_addrs()
+                .map_err(|e| bad(&e.to_string()))?
+                .next()
+                .ok_or_else(|| bad("host has no address"))?;
+            Ok(ListenAddr::Tcp(addr))
+        };
+        if let Some(rest) = s.strip_prefix("tcp:") {
+            return tcp(rest);
+        }
+        if s.contains('/') {
+            return Ok(ListenAddr::Unix(PathBuf::from(s)));
+        }
+        match s.rsplit_once(':') {
+            Some((_, port)) if !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
+                tcp(s)
+            }
+            _ if s.is_empty() => Err(bad("empty address")),
+            _ => Ok(ListenAddr::Unix(PathBuf::from(s))),
+        }
+    }
+
+    /// The NBD URI a client uses to reach this address.
+    pub fn uri(&self) -> String {
+        match self {
+            ListenAddr::Unix(p) => format!("nbd+unix:///?socket={}", p.display()),
+            ListenAddr::Tcp(a) => format!("nbd://{a}/"),
+        }
+    }
+}
+
+impl fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+            ListenAddr::Tcp(a) => write!(f, "tcp:{a}"),
+        }
+    }
+}
+
+/// A bound, listening socket. A unix socket file is removed when this is dropped.
+pub struct Listener {
+    inner: ListenerInner,
+    addr: ListenAddr,
+}
+
+enum ListenerInner {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+}
+
+impl Listener {
+    pub fn bind(addr: &ListenAddr) -> Result<Listener, ServerError> {
+        let inner = match addr {
+            ListenAddr::Unix(path) => ListenerInner::Unix(bind_unix(path)?),
+            ListenAddr::Tcp(a) => ListenerInner::Tcp(
+                TcpListener::bind(a).map_err(|e| ServerError::Bind(addr.to_string(), e))?,
+            ),
+        };
+        let addr = match (&inner, addr) {
+            // Report the real port when the caller asked for port 0.
+            (ListenerInner::Tcp(l), _) => ListenAddr::Tcp(
+                l.local_addr()
+                    .map_err(|e| ServerError::Bind(addr.to_string(), e))?,
+            ),
+            (_, a) => a.clone(),
+        };
+        let listener = Listener { inner, addr };
+        listener
+            .set_nonblocking()
+            .map_err(|e| ServerError::Bind(listener.addr.to_string(), e))?;
+        Ok(listener)
+    }
+
+    pub fn addr(&self) -> &ListenAddr {
+        &self.addr
+    }
+
+    fn set_nonblocking(&self) -> io::Result<()> {
+        match &self.inner {
+            ListenerInner::Unix(l) => l.set_nonblocking(true),
+            ListenerInner::Tcp(l) => l.set_nonblocking(true),
+        }
+    }
+
+    pub(crate) fn fd(&self) -> RawFd {
+        match &self.inner {
+            ListenerInner::Unix(l) => l.as_raw_fd(),
+            ListenerInner::Tcp(l) => l.as_raw_fd(),
+        }
+    }
+
+    /// Accepts one connection; `WouldBlock` when none is pending.
+    pub(crate) fn accept(&self) -> io::Result<(Stream, String)> {
+        match &self.inner {
+            ListenerInner::Unix(l) => {
+                let (s, _) = l.accept()?;
+                s.set_nonblocking(false)?;
+                Ok((Stream::Unix(s), "unix".to_string()))
+            }
+            ListenerInner::Tcp(l) => {
+                let (s, peer) = l.accept()?;
+                s.set_nonblocking(false)?;
+                s.set_nodelay(true)?;
+                Ok((Stream::Tcp(s), peer.to_string()))
+            }
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        if let ListenAddr::Unix(path) = &self.addr {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
+fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
+    let err = |e: io::Error| ServerError::Bind(path.display().to_string(), e);
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            // A live server answers; a stale socket from a crash refuses and can be replaced.
+            if UnixStream::connect(path).is_ok() {
+                return Err(ServerError::InUse(path.display().to_string()));
+            }
+            std::fs::remove_file(path).map_err(err)?;
+        }
+        Ok(_) => {
+            return Err(err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                "a file that is not a socket is in the way",
+            )))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(err(e)),
+    }
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(err)?;
+    }
+    // The socket gives full access to the disk: create it 0600 (no window with wider access).
+    // SAFETY: umask only swaps the process mask; restored right after bind.
+    let old = unsafe { libc::umask(0o177) };
+    let result = UnixListener::bind(path);
+    unsafe { libc::umask(old) };
+    let listener = result.map_err(err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    Ok(listener)
+}
+
+/// A connected client.
+pub enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Stream {
+    pub fn try_clone(&self) -> io::Result<Stream> {
+        Ok(match self {
+            Stream::Unix(s) => Stream::Unix(s.try_clone()?),
+            Stream::Tcp(s) => Stream::Tcp(s.try_clone()?),
+        })
+    }
+
+    pub fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.shutdown(how),
+            Stream::Tcp(s) => s.shutdown(how),
+        }
+    }
+
+    pub fn set_read_timeout(&self, t: Option<std::time::Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_read_timeout(t),
+            Stream::Tcp(s) => s.set_read_timeout(t),
+        }
+    }
+
+    /// Connects to an address the way a client would (used by the NBD client and tests).
+    pub fn connect(addr: &ListenAddr) -> io::Result<Stream> {
+        match addr {
+            ListenAddr::Unix(p) => Ok(Stream::Unix(UnixStream::connect(p)?)),
+            ListenAddr::Tcp(a) => {
+                let s = TcpStream::connect(a)?;
+                s.set_nodelay(true)?;
+                Ok(Stream::Tcp(s))
+            }
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => s.read(buf),
+        }
+    }
+}
+
+impl Read for &Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => (&*s).read(buf),
+            Stream::Tcp(s) => (&*s).read(buf),
+        }
+    }
+}
+
+impl Write for &Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => (&*s).write(buf),
+            Stream::Tcp(s) => (&*s).write(buf),
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => (&*s).write_vectored(bufs),
+            Stream::Tcp(s) => (&*s).write_vectored(bufs),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self).write(buf)
+    }
+    fn write_vectored(&mut self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
+        (&*self).write_vectored(bufs)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn listen_address_forms() {
+        let tcp = |s: &str| match ListenAddr::parse(s).unwrap() {
+            ListenAddr::Tcp(a) => a,
+            other => panic!("{s} parsed as {other:?}"),
+        };
+        let unix = |s: &str| match ListenAddr::parse(s).unwrap() {
+            ListenAddr::Unix(p) => p,
+            other => panic!("{s} parsed as {other:?}"),
+        };
+        assert_eq!(tcp(":10809").to_string(), "127.0.0.1:10809");
+        assert_eq!(tcp("0.0.0.0:10809").to_string(), "0.0.0.0:10809");
+        assert_eq!(tcp("[::1]:5000").to_string(), "[::1]:5000");
+        assert_eq!(tcp("tcp::7").to_string(), "127.0.0.1:7");
+        assert!(tcp("localhost:10809").ip().is_loopback());
+        assert_eq!(
+            unix("/run/flashtier/nbd.sock"),
+            PathBuf::from("/run/flashtier/nbd.sock")
+        );
+        assert_eq!(unix("nbd.sock"), PathBuf::from("nbd.sock"));
+        assert_eq!(unix("unix:x:1"), PathBuf::from("x:1"));
+        assert!(ListenAddr::parse("").is_err());
+        assert!(ListenAddr::parse("unix:").is_err());
+        assert!(ListenAddr::parse("tcp:host").is_err());
+        assert!(ListenAddr::parse(":99999").is_err());
+    }
+
+    #[test]
+    fn unix_socket_is_private_and_stale_sockets_are_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sub/nbd.sock");
+        let addr = ListenAddr::Unix(path.clone());
+        let l = Listener::bind(&addr).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        // A second server on the same live socket is refused.
+        assert!(matches!(Listener::bind(&addr), Err(ServerError::InUse(_))));
+        // Simulate a crash: the socket file stays but nobody listens.
+        std::mem::forget(l);
+        // (the forgotten listener's fd is still open, so close it by rebinding after removal)
+        let stale = UnixListener::bind(dir.path().join("stale.sock")).unwrap();
+        drop(stale);
+        let stale_addr = ListenAddr::Unix(dir.path().join("stale.sock"));
+        let l2 = Listener::bind(&stale_addr).unwrap();
+        drop(l2);
+        assert!(!dir.path().join("stale.sock").exists());
+        // A regular file in the way is never deleted.
+        let file = dir.path().join("precious");
+        std::fs::write(&file, b"data").unwrap();
+        assert!(Listener::bind(&ListenAddr::Unix(file.clone())).is_err());
+        assert_eq!(std::fs::read(&file).unwrap(), b"data");
+    }
+}

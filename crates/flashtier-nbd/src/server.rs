@@ -1,0 +1,284 @@
+//! Accepting connections and running each through handshake and transmission, with a graceful
+//! shutdown that answers every request already read before the server exits.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::Shutdown;
+use std::os::unix::io::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use crate::export::Export;
+use crate::handshake::{self, Outcome};
+use crate::net::{Listener, Stream};
+use crate::transmission;
+use crate::ServerError;
+
+/// Tunables of the server. The defaults suit a local database.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Largest READ/WRITE payload accepted and advertised (at least 32 MiB per our contract).
+    pub max_payload: u32,
+    /// Requests executing at once per connection.
+    pub threads_per_connection: usize,
+    /// A client that stalls this long during the handshake is dropped.
+    pub handshake_timeout: Duration,
+    /// Connections beyond this are closed on accept.
+    pub max_connections: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_payload: 32 * 1024 * 1024,
+            threads_per_connection: 16,
+            handshake_timeout: Duration::from_secs(30),
+            max_connections: 256,
+        }
+    }
+}
+
+/// Serves one export until shut down.
+pub struct Server {
+    export: Arc<Export>,
+    config: ServerConfig,
+    state: Arc<State>,
+}
+
+struct State {
+    shutting_down: AtomicBool,
+    /// Wakes the accept loop: written on shutdown, polled beside the listener.
+    wake: (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
+    connections: Mutex<HashMap<u64, Stream>>,
+    idle: Condvar,
+    next_id: AtomicU64,
+}
+
+/// Asks a running server to stop; cheap to clone and safe to use from a signal-handling thread.
+#[derive(Clone)]
+pub struct ShutdownHandle {
+    state: Arc<State>,
+}
+
+impl ShutdownHandle {
+    /// Stops accepting, stops reading new requests, lets in-flight requests finish and be
+    /// answered; [`Server::serve`] then flushes the device and returns.
+    pub fn shutdown(&self) {
+        if self.state.shutting_down.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // SAFETY: writing one byte to a pipe we own.
+        unsafe { libc::write(self.state.wake.1.as_raw_fd(), [1u8].as_ptr().cast(), 1) };
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.state.shutting_down.load(Ordering::SeqCst)
+    }
+}
+
+impl Server {
+    pub fn new(export: Export, config: ServerConfig) -> Result<Server, ServerError> {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills the two fds we pass.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            return Err(ServerError::Io(io::Error::last_os_error()));
+        }
+        // SAFETY: both fds were just created and are owned by nobody else.
+        let wake = unsafe {
+            use std::os::fd::FromRawFd;
+            (
+                std::os::fd::OwnedFd::from_raw_fd(fds[0]),
+                std::os::fd::OwnedFd::from_raw_fd(fds[1]),
+            )
+        };
+        Ok(Server {
+            export: Arc::new(export),
+            config,
+            state: Arc::new(State {
+                shutting_down: AtomicBool::new(false),
+                wake,
+                connections: Mutex::new(HashMap::new()),
+                idle: Condvar::new(),
+                next_id: AtomicU64::new(1),
+            }),
+        })
+    }
+
+    pub fn shutdown_handle(&self) -> ShutdownHandle {
+        ShutdownHandle {
+            state: self.state.clone(),
+        }
+    }
+
+    pub fn export(&self) -> &Export {
+        &self.export
+    }
+
+    /// Accepts and serves connections until [`ShutdownHandle::shutdown`]; then waits for every
+    /// connection to finish its in-flight requests, flushes the device, and returns.
+    pub fn serve(&self, listener: Listener) -> Result<(), ServerError> {
+        tracing::info!(
+            listen = %listener.addr(),
+            export = %self.export.name,
+            device = %self.export.dev.describe(),
+            "serving"
+        );
+        while !self.state.shutting_down.load(Ordering::SeqCst) {
+            if !wait_readable(listener.fd(), self.state.wake.0.as_raw_fd())? {
+                continue;
+            }
+            match listener.accept() {
+                Ok((stream, peer)) => self.spawn_connection(stream, peer),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    // Out of descriptors or a connection reset before accept: keep serving the
+                    // others, but do not spin.
+                    tracing::warn!(error = %e, "accept failed");
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+
+        drop(listener);
+        let mut conns = self
+            .state
+            .connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if !conns.is_empty() {
+            tracing::info!(
+                connections = conns.len(),
+                "shutting down: finishing in-flight requests"
+            );
+        }
+        for stream in conns.values() {
+            // Readers see end-of-stream; requests already read still run and get their replies.
+            let _ = stream.shutdown(Shutdown::Read);
+        }
+        while !conns.is_empty() {
+            conns = self
+                .state
+                .idle
+                .wait(conns)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+        drop(conns);
+        if !self.export.read_only() {
+            self.export.dev.flush().map_err(ServerError::Flush)?;
+        }
+        tracing::info!("shut down cleanly");
+        Ok(())
+    }
+
+    fn spawn_connection(&self, stream: Stream, peer: String) {
+        let mut conns = self
+            .state
+            .connections
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if conns.len() >= self.config.max_connections {
+            tracing::warn!(
+                peer,
+                limit = self.config.max_connections,
+                "too many connections; refusing"
+            );
+            return;
+        }
+        let control = match stream.try_clone() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot track connection; refusing");
+                return;
+            }
+        };
+        let id = self.state.next_id.fetch_add(1, Ordering::Relaxed);
+        conns.insert(id, control);
+        drop(conns);
+
+        let export = self.export.clone();
+        let config = self.config.clone();
+        let state = self.state.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("nbd-conn-{id}"))
+            .spawn(move || {
+                tracing::debug!(id, peer, "connection opened");
+                if let Err(e) = run_connection(&stream, &export, &config, &state.shutting_down) {
+                    tracing::info!(id, peer, error = %e, "connection ended with an error");
+                }
+                let _ = stream.shutdown(Shutdown::Both);
+                tracing::debug!(id, "connection closed");
+                let mut conns = state.connections.lock().unwrap_or_else(|e| e.into_inner());
+                conns.remove(&id);
+                state.idle.notify_all();
+            });
+        if let Err(e) = spawned {
+            tracing::warn!(error = %e, "cannot spawn connection thread");
+            let mut conns = self
+                .state
+                .connections
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            conns.remove(&id);
+        }
+    }
+}
+
+fn run_connection(
+    stream: &Stream,
+    export: &Export,
+    config: &ServerConfig,
+    shutting_down: &AtomicBool,
+) -> io::Result<()> {
+    stream.set_read_timeout(Some(config.handshake_timeout))?;
+    let mut handshake_stream = stream;
+    let session = match handshake::negotiate(
+        &mut handshake_stream,
+        export,
+        config.max_payload,
+        shutting_down,
+    )? {
+        Outcome::Transmission(session) => session,
+        Outcome::Closed => return Ok(()),
+    };
+    stream.set_read_timeout(None)?;
+    tracing::debug!(?session, "entering transmission");
+    let params = transmission::Params {
+        export,
+        session,
+        max_payload: config.max_payload,
+        threads: config.threads_per_connection,
+    };
+    let hangup = || {
+        let _ = stream.shutdown(Shutdown::Both);
+    };
+    transmission::serve(&params, stream, stream, &hangup);
+    Ok(())
+}
+
+/// Blocks until the listener has a connection (true) or the wake pipe fires (false).
+fn wait_readable(listener: libc::c_int, wake: libc::c_int) -> Result<bool, ServerError> {
+    let mut fds = [
+        libc::pollfd {
+            fd: listener,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: wake,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // SAFETY: fds is a valid array of two pollfd for the duration of the call.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(false);
+        }
+        return Err(ServerError::Io(e));
+    }
+    Ok(fds[0].revents != 0 && fds[1].revents == 0)
+}

@@ -1,0 +1,143 @@
+//! `flashtier serve`: export a backing store over NBD.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use flashtier_nbd::{Export, ListenAddr, Listener, Server, ServerConfig, ShutdownHandle};
+
+use crate::backing::{open_backing, BackingOptions};
+use crate::units::fmt_bytes;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Backing store: a file, a block device, or an NBD URI such as nbd://host:10809/export or
+    /// nbd+unix:///export?socket=/path.
+    #[arg(long, value_name = "PATH|NBD-URI")]
+    pub backing: String,
+
+    /// Where clients connect: a unix socket path (created mode 0600), or HOST:PORT for TCP.
+    /// `:PORT` listens on loopback only; name an address (e.g. 0.0.0.0:10809) to listen beyond
+    /// this machine. [default: /run/flashtier/nbd.sock as root, else
+    /// $XDG_RUNTIME_DIR/flashtier/nbd.sock]
+    #[arg(long, value_name = "SOCKET|HOST:PORT")]
+    pub listen: Option<String>,
+
+    /// Name of the export. Clients asking for the empty (default) name get it too.
+    #[arg(long, default_value = "flashtier")]
+    pub export_name: String,
+
+    /// Serve read-only: writes, trims and zeroing fail with EPERM.
+    #[arg(long)]
+    pub read_only: bool,
+
+    /// Open a backing file or block device with O_DIRECT, bypassing the kernel page cache.
+    #[arg(long)]
+    pub direct: bool,
+
+    /// Requests executed at once per connection.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub threads: u32,
+
+    /// Most client connections served at once; more are refused.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub max_connections: u32,
+}
+
+/// The directory for sockets and runtime files when none is given.
+pub fn default_run_dir() -> PathBuf {
+    // SAFETY: geteuid has no failure modes.
+    if unsafe { libc::geteuid() } == 0 {
+        return PathBuf::from("/run/flashtier");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(dir) => PathBuf::from(dir).join("flashtier"),
+        None => std::env::temp_dir().join(format!("flashtier-{}", unsafe { libc::geteuid() })),
+    }
+}
+
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let listen = match &args.listen {
+        Some(s) => ListenAddr::parse(s)?,
+        None => ListenAddr::Unix(default_run_dir().join("nbd.sock")),
+    };
+    let dev = open_backing(
+        &args.backing,
+        BackingOptions {
+            direct: args.direct,
+            read_only: args.read_only,
+        },
+    )?;
+    let mut export = Export::new(args.export_name.clone(), dev);
+    export.force_read_only = args.read_only;
+    let config = ServerConfig {
+        threads_per_connection: args.threads as usize,
+        max_connections: args.max_connections as usize,
+        ..ServerConfig::default()
+    };
+    let summary = format!(
+        "{} ({}, pass-through{})",
+        export.dev.describe(),
+        fmt_bytes(export.dev.info().size),
+        if export.read_only() {
+            ", read-only"
+        } else {
+            ""
+        }
+    );
+    let server = Server::new(export, config)?;
+    let listener = Listener::bind(&listen)?;
+    let uri = match listener.addr() {
+        ListenAddr::Unix(p) => format!("nbd+unix:///{}?socket={}", args.export_name, p.display()),
+        ListenAddr::Tcp(a) => format!("nbd://{a}/{}", args.export_name),
+    };
+    // Scripts wait for this line to know the socket is ready.
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "flashtier: serving {summary} as export '{}'",
+        args.export_name
+    )?;
+    writeln!(
+        out,
+        "flashtier: listening on {} (connect with {uri})",
+        listener.addr()
+    )?;
+    out.flush()?;
+    drop(out);
+
+    install_signal_handlers(server.shutdown_handle())?;
+    server.serve(listener).context("server failed")?;
+    Ok(())
+}
+
+/// First SIGINT/SIGTERM: graceful shutdown. A second one: exit at once.
+fn install_signal_handlers(handle: ShutdownHandle) -> anyhow::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])
+        .context("cannot install signal handlers")?;
+    std::thread::Builder::new()
+        .name("signals".into())
+        .spawn(move || {
+            for (count, signal) in signals.forever().enumerate() {
+                let name = if signal == SIGINT {
+                    "SIGINT"
+                } else {
+                    "SIGTERM"
+                };
+                if count == 0 {
+                    tracing::info!(
+                        "{name}: finishing in-flight requests and flushing (send again to exit \
+                         immediately)"
+                    );
+                    handle.shutdown();
+                } else {
+                    eprintln!("flashtier: {name} again: exiting without waiting");
+                    std::process::exit(130);
+                }
+            }
+        })
+        .context("cannot spawn signal thread")?;
+    Ok(())
+}

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages and cargo tools flashtier's tests and benchmarks use, if missing.
+set -euo pipefail
+
+packages=(
+    nbdkit          # reference NBD server; emulated slow/faulty backing stores
+    libnbd-bin      # nbdinfo, nbdcopy, nbdfuse
+    python3-libnbd  # libnbd from Python (/usr/bin/python3)
+    qemu-utils      # qemu-img, qemu-io
+    fio             # workloads with verification, nbd engine
+    fuse3           # fusermount3 for nbdfuse
+    e2fsprogs       # mkfs.ext4, e2fsck
+    util-linux      # losetup, mount
+)
+missing=()
+for p in "${packages[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "installing: ${missing[*]}"
+    if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "installing cargo-fuzz"
+    cargo install --locked cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz
+fi

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# flashtier's whole test suite, from a fresh machine: installs what the tests need (Debian
+# packages, cargo-fuzz), then checks formatting and lints, runs unit and integration tests against
+# real tools (nbdinfo, qemu-img, qemu-io, nbdcopy, fio, nbdfuse + loop + ext4), and fuzzes the
+# protocol parsers briefly.
+#
+#   ./test.sh           the default run (CI runs exactly this)
+#   ./test.sh --long    also the long soak and crash runs
+#
+# Integration tests need root (loop devices, mount) and /dev/fuse.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+long=0
+for arg in "$@"; do
+    case "$arg" in
+        --long) long=1 ;;
+        -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+        *) echo "test.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
+    esac
+done
+
+step() { printf '\n==> %s\n' "$*"; }
+
+step "installing test dependencies"
+./scripts/install-deps.sh
+
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+step "unit and integration tests"
+export FLASHTIER_LONG=$long
+cargo test --workspace --locked --release -- --test-threads="${FLASHTIER_TEST_THREADS:-2}"
+
+step "fuzzing the protocol parsers briefly"
+./fuzz/run.sh "${FLASHTIER_FUZZ_SECONDS:-20}"
+
+step "all tests passed"
