@@ -5,3 +5,5 @@
 //! message when it is missing; `./test.sh` installs them all.
 
 mod harness;
+mod protocol;
+mod tools;
