@@ -7,7 +7,7 @@ use std::net::Shutdown;
 use std::os::unix::io::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::export::Export;
 use crate::handshake::{self, Outcome};
@@ -26,6 +26,9 @@ pub struct ServerConfig {
     pub handshake_timeout: Duration,
     /// Connections beyond this are closed on accept.
     pub max_connections: usize,
+    /// On shutdown, how long to wait for clients to take the replies to requests already
+    /// executed before closing their connections anyway.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for ServerConfig {
@@ -35,6 +38,7 @@ impl Default for ServerConfig {
             threads_per_connection: 16,
             handshake_timeout: Duration::from_secs(30),
             max_connections: 256,
+            shutdown_grace: Duration::from_secs(30),
         }
     }
 }
@@ -157,12 +161,29 @@ impl Server {
             // Readers see end-of-stream; requests already read still run and get their replies.
             let _ = stream.shutdown(Shutdown::Read);
         }
+        let deadline = Instant::now() + self.config.shutdown_grace;
+        let mut forced = false;
         while !conns.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() && !forced {
+                // A client that stopped reading its replies would block the workers writing them
+                // forever; its requests have been executed, only their answers are lost.
+                tracing::warn!(
+                    connections = conns.len(),
+                    "clients are not reading their replies; closing them"
+                );
+                for stream in conns.values() {
+                    let _ = stream.shutdown(Shutdown::Both);
+                }
+                forced = true;
+            }
+            let wait = if forced { Duration::from_secs(1) } else { left };
             conns = self
                 .state
                 .idle
-                .wait(conns)
-                .unwrap_or_else(|e| e.into_inner());
+                .wait_timeout(conns, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
         drop(conns);
         if !self.export.read_only() {

@@ -43,6 +43,12 @@ pub struct ServeArgs {
     /// Most client connections served at once; more are refused.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub max_connections: u32,
+
+    /// On SIGINT/SIGTERM, seconds to wait for clients to collect the replies to requests already
+    /// executed before closing their connections anyway (a client that stopped reading would
+    /// otherwise hold the shutdown forever).
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    pub shutdown_grace: u64,
 }
 
 /// The directory for sockets and runtime files when none is given.
@@ -74,6 +80,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let config = ServerConfig {
         threads_per_connection: args.threads as usize,
         max_connections: args.max_connections as usize,
+        shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace),
         ..ServerConfig::default()
     };
     let summary = format!(
@@ -87,6 +94,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
     );
     let server = Server::new(export, config)?;
+    // Before the socket exists: a signal sent as soon as a script sees it must already be graceful.
+    install_signal_handlers(server.shutdown_handle())?;
     let listener = Listener::bind(&listen)?;
     let uri = match listener.addr() {
         ListenAddr::Unix(p) => format!("nbd+unix:///{}?socket={}", args.export_name, p.display()),
@@ -107,7 +116,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     out.flush()?;
     drop(out);
 
-    install_signal_handlers(server.shutdown_handle())?;
     server.serve(listener).context("server failed")?;
     Ok(())
 }
