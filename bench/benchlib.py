@@ -31,7 +31,8 @@ def ensure_matplotlib():
         pass
     venv = Path.home() / ".cache" / "flashtier-bench-venv"
     py = venv / "bin" / "python3"
-    if Path(sys.executable).resolve() == py.resolve():
+    # The venv's python is a symlink to the base interpreter, so compare prefixes, not binaries.
+    if Path(sys.prefix).resolve() == venv.resolve():
         sys.exit("matplotlib is still missing inside the benchmark venv")
     if not py.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
