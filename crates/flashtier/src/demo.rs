@@ -239,6 +239,8 @@ fn run_in(dir: &Path, args: &DemoArgs) -> anyhow::Result<()> {
     let mut phases = Vec::new();
     let threads = args.threads as usize;
 
+    let flush_phase = || timed_parallel("flush", 1, 1, 0, |_, _| Ok(client.flush()?));
+
     // 1. Sequential 1 MiB writes over the first quarter.
     let seq_chunks = (args.size / 4 / (1 << 20)) as usize;
     phases.push(timed_parallel(
@@ -259,13 +261,7 @@ fn run_in(dir: &Path, args: &DemoArgs) -> anyhow::Result<()> {
             Ok(())
         },
     )?);
-    phases.push(timed_parallel(
-        "flush",
-        1,
-        1,
-        0,
-        |_, _| Ok(client.flush()?),
-    )?);
+    phases.push(flush_phase()?);
 
     // 2. Random 4 KiB writes from several threads; each thread owns the blocks ≡ t (mod threads),
     //    so the model is exact without locking.
@@ -333,13 +329,7 @@ fn run_in(dir: &Path, args: &DemoArgs) -> anyhow::Result<()> {
             Ok(())
         },
     )?);
-    phases.push(timed_parallel(
-        "flush",
-        1,
-        1,
-        0,
-        |_, _| Ok(client.flush()?),
-    )?);
+    phases.push(flush_phase()?);
 
     // 5. Read everything back through NBD.
     let start = Instant::now();
