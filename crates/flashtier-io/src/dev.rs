@@ -94,6 +94,18 @@ pub trait BlockDev: Send + Sync {
     /// Writes all of `buf` at `offset`. With `fua`, the data is durable when this returns.
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()>;
 
+    /// Writes the concatenation of `bufs` at `offset`, as one request where the device can (a
+    /// log writer hands over a header and the data of many records without copying them
+    /// together). Like `write_at`, it is not atomic: a crash may keep any part of it.
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        let mut at = offset;
+        for buf in bufs {
+            self.write_at(buf, at, false)?;
+            at += buf.len() as u64;
+        }
+        Ok(())
+    }
+
     /// Makes every write that completed before this call durable.
     fn flush(&self) -> io::Result<()>;
 

@@ -24,7 +24,9 @@
 //! beside the rest of the protocol code and implements this trait.
 
 mod buf;
+pub mod crash;
 mod dev;
+pub mod fault;
 mod file;
 mod mem;
 

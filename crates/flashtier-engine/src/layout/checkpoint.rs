@@ -1,0 +1,278 @@
+//! Checkpoints: a snapshot of the index and of the log's position, so recovery replays only the
+//! log written since. Two slots alternate (checkpoint n goes to slot n % 2); recovery uses the
+//! valid one with the higher number, so a checkpoint torn by a crash costs nothing.
+//!
+//! ```text
+//! header (4 KiB):
+//!   off len field
+//!     0   8 magic "FLTCKPT\0"
+//!     8   4 format version
+//!    12   4 reserved (0)
+//!    16   8 checkpoint number (increases by one per checkpoint)
+//!    24   8 next sequence number: replay starts at the record with this number
+//!    32   8 log epoch at the time of the snapshot
+//!    40   4 open segment (u32::MAX: none), 44 4 blocks already used in it
+//!    48   8 index entries in the body
+//!    56   4 free segments in the body
+//!    60   4 reserved (0)
+//!    64   8 body length in bytes
+//!    72   4 CRC32C of the body
+//!  4092   4 CRC32C of bytes 0..4092
+//! body:
+//!   free list: u32 segment numbers, in the order the log will use them
+//!   index:     16 bytes per cached block: slot u32, flags u32 (bit 0: dirty), LBA u64
+//! ```
+
+use super::{le, FORMAT_VERSION};
+use crate::FormatError;
+
+pub const MAGIC: &[u8; 8] = b"FLTCKPT\0";
+pub const HEADER_LEN: usize = 4096;
+const NO_SEGMENT: u32 = u32::MAX;
+const FLAG_DIRTY: u32 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointEntry {
+    pub slot: u32,
+    pub lba: u64,
+    pub dirty: bool,
+}
+
+/// Where the log head was when the checkpoint was taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogHead {
+    pub segment: u32,
+    /// Blocks of the segment already written.
+    pub used: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checkpoint {
+    pub number: u64,
+    pub next_seq: u64,
+    pub epoch: u64,
+    pub open: Option<LogHead>,
+    /// Free segments in the order the log takes them after this checkpoint.
+    pub free: Vec<u32>,
+    pub entries: Vec<CheckpointEntry>,
+}
+
+/// The fixed part of a checkpoint, decoded before its body is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointHeader {
+    pub number: u64,
+    pub next_seq: u64,
+    pub epoch: u64,
+    pub open: Option<LogHead>,
+    pub entry_count: u64,
+    pub free_count: u32,
+    pub body_len: u64,
+    pub body_crc: u32,
+}
+
+impl Checkpoint {
+    pub fn body_len(&self) -> u64 {
+        self.free.len() as u64 * 4 + self.entries.len() as u64 * 16
+    }
+
+    /// Header and body, padded with zeroes to a multiple of 4 KiB.
+    pub fn encode(&self) -> Vec<u8> {
+        let body_len = self.body_len() as usize;
+        let total = (HEADER_LEN + body_len).next_multiple_of(4096);
+        let mut out = vec![0u8; total];
+        let body = &mut out[HEADER_LEN..HEADER_LEN + body_len];
+        let mut at = 0;
+        for seg in &self.free {
+            le::put_u32(body, at, *seg);
+            at += 4;
+        }
+        for e in &self.entries {
+            le::put_u32(body, at, e.slot);
+            le::put_u32(body, at + 4, if e.dirty { FLAG_DIRTY } else { 0 });
+            le::put_u64(body, at + 8, e.lba);
+            at += 16;
+        }
+        let body_crc = crc32c::crc32c(body);
+        let h = &mut out[..HEADER_LEN];
+        h[0..8].copy_from_slice(MAGIC);
+        le::put_u32(h, 8, FORMAT_VERSION);
+        le::put_u64(h, 16, self.number);
+        le::put_u64(h, 24, self.next_seq);
+        le::put_u64(h, 32, self.epoch);
+        let (seg, used) = self.open.map_or((NO_SEGMENT, 0), |o| (o.segment, o.used));
+        le::put_u32(h, 40, seg);
+        le::put_u32(h, 44, used);
+        le::put_u64(h, 48, self.entries.len() as u64);
+        le::put_u32(h, 56, self.free.len() as u32);
+        le::put_u64(h, 64, body_len as u64);
+        le::put_u32(h, 72, body_crc);
+        let crc = crc32c::crc32c(&h[..HEADER_LEN - 4]);
+        le::put_u32(h, HEADER_LEN - 4, crc);
+        out
+    }
+
+    pub fn decode_header(h: &[u8]) -> Result<CheckpointHeader, FormatError> {
+        if h.len() < HEADER_LEN || &h[0..8] != MAGIC {
+            return Err(FormatError::Corrupt("no checkpoint".into()));
+        }
+        let version = le::u32(h, 8);
+        if version != FORMAT_VERSION {
+            return Err(FormatError::UnsupportedVersion(version));
+        }
+        if crc32c::crc32c(&h[..HEADER_LEN - 4]) != le::u32(h, HEADER_LEN - 4) {
+            return Err(FormatError::Corrupt(
+                "checkpoint header checksum mismatch".into(),
+            ));
+        }
+        let seg = le::u32(h, 40);
+        let header = CheckpointHeader {
+            number: le::u64(h, 16),
+            next_seq: le::u64(h, 24),
+            epoch: le::u64(h, 32),
+            open: (seg != NO_SEGMENT).then(|| LogHead {
+                segment: seg,
+                used: le::u32(h, 44),
+            }),
+            entry_count: le::u64(h, 48),
+            free_count: le::u32(h, 56),
+            body_len: le::u64(h, 64),
+            body_crc: le::u32(h, 72),
+        };
+        if header.body_len != header.free_count as u64 * 4 + header.entry_count * 16 {
+            return Err(FormatError::Corrupt(
+                "checkpoint body length is inconsistent".into(),
+            ));
+        }
+        Ok(header)
+    }
+
+    /// Decodes a checkpoint whose header was decoded from `body`'s slot; `body` holds at least
+    /// `header.body_len` bytes.
+    pub fn decode_body(header: &CheckpointHeader, body: &[u8]) -> Result<Checkpoint, FormatError> {
+        let body = body
+            .get(..header.body_len as usize)
+            .ok_or_else(|| FormatError::Corrupt("checkpoint body is truncated".into()))?;
+        if crc32c::crc32c(body) != header.body_crc {
+            return Err(FormatError::Corrupt(
+                "checkpoint body checksum mismatch".into(),
+            ));
+        }
+        let free_bytes = header.free_count as usize * 4;
+        let free = body[..free_bytes]
+            .chunks_exact(4)
+            .map(|c| le::u32(c, 0))
+            .collect();
+        let entries = body[free_bytes..]
+            .chunks_exact(16)
+            .map(|c| CheckpointEntry {
+                slot: le::u32(c, 0),
+                dirty: le::u32(c, 4) & FLAG_DIRTY != 0,
+                lba: le::u64(c, 8),
+            })
+            .collect();
+        Ok(Checkpoint {
+            number: header.number,
+            next_seq: header.next_seq,
+            epoch: header.epoch,
+            open: header.open,
+            free,
+            entries,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Checkpoint {
+        Checkpoint {
+            number: 12,
+            next_seq: 99_000,
+            epoch: 4,
+            open: Some(LogHead {
+                segment: 3,
+                used: 17,
+            }),
+            free: vec![5, 6, 1],
+            entries: vec![
+                CheckpointEntry {
+                    slot: 10,
+                    lba: 1 << 33,
+                    dirty: true,
+                },
+                CheckpointEntry {
+                    slot: 11,
+                    lba: 7,
+                    dirty: false,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn roundtrip_and_layout() {
+        let c = sample();
+        let bytes = c.encode();
+        assert_eq!(bytes.len(), 8192);
+        let h = Checkpoint::decode_header(&bytes).unwrap();
+        assert_eq!(h.body_len, 3 * 4 + 2 * 16);
+        assert_eq!(
+            Checkpoint::decode_body(&h, &bytes[HEADER_LEN..]).unwrap(),
+            c
+        );
+        assert_eq!(&bytes[0..8], b"FLTCKPT\0");
+        assert_eq!(&bytes[16..24], &12u64.to_le_bytes());
+        assert_eq!(&bytes[40..44], &3u32.to_le_bytes());
+        assert_eq!(
+            &bytes[4096..4100],
+            &5u32.to_le_bytes(),
+            "first free segment"
+        );
+        assert_eq!(&bytes[4108..4112], &10u32.to_le_bytes(), "first entry slot");
+        assert_eq!(&bytes[4112..4116], &1u32.to_le_bytes(), "first entry dirty");
+        assert_eq!(
+            &bytes[4116..4124],
+            &(1u64 << 33).to_le_bytes(),
+            "first entry lba"
+        );
+    }
+
+    #[test]
+    fn empty_checkpoint_without_open_segment() {
+        let c = Checkpoint {
+            number: 0,
+            next_seq: 1,
+            epoch: 1,
+            open: None,
+            free: (0..4).collect(),
+            entries: vec![],
+        };
+        let bytes = c.encode();
+        let h = Checkpoint::decode_header(&bytes).unwrap();
+        assert_eq!(h.open, None);
+        assert_eq!(
+            Checkpoint::decode_body(&h, &bytes[HEADER_LEN..]).unwrap(),
+            c
+        );
+    }
+
+    #[test]
+    fn damage_is_detected() {
+        let bytes = sample().encode();
+        let mut h = bytes.clone();
+        h[20] ^= 1;
+        assert!(Checkpoint::decode_header(&h).is_err());
+        let mut b = bytes.clone();
+        b[4100] ^= 1;
+        let header = Checkpoint::decode_header(&b).unwrap();
+        assert!(Checkpoint::decode_body(&header, &b[HEADER_LEN..]).is_err());
+        assert!(Checkpoint::decode_body(&header, &b[HEADER_LEN..HEADER_LEN + 8]).is_err());
+        let mut v = bytes;
+        v[8] = 2;
+        assert!(matches!(
+            Checkpoint::decode_header(&v),
+            Err(FormatError::UnsupportedVersion(2))
+        ));
+    }
+}
