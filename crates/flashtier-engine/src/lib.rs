@@ -1,10 +1,55 @@
 //! # flashtier-engine: the persistent SSD cache
 //!
-//! (Design essay: written with the engine; see ARCHITECTURE.md meanwhile.)
+//! The SSD tier is a log. Every change to the cache, whether a client write, a block promoted after a
+//! read miss, a block copied forward by reclaim, an invalidation or a "this block is clean now",
+//! is a *record* appended to the log on the cache device, and the in-memory index is nothing but
+//! the result of applying those records in order. Recovery after a crash loads the last
+//! checkpoint (a snapshot of the index) and applies the records written since, with the very same
+//! function the live path uses ([`state::State::apply`]). That one idea carries the durability
+//! contract:
+//!
+//! - **One write = one record**, checksummed together with its data, so a write up to the atomic
+//!   size is all-or-nothing after a crash, whatever the device tore.
+//! - **Group commit**: records are written (not synced) before a write is acknowledged, like a disk
+//!   with a volatile cache; FLUSH and FUA wait for one `fdatasync` shared by everyone waiting.
+//!   Nothing is ever written to the slow backing store to satisfy a FLUSH.
+//! - **Prefix recovery**: replay stops at the first record that does not check out, so what comes
+//!   back is exactly the history up to some point: every durable write, nothing later without
+//!   everything earlier.
+//! - **Invalidate before bypass**: before any write reaches the backing store around the cache,
+//!   the records that map those blocks are durably superseded, so a crash cannot bring back a
+//!   cached copy older than the backing store.
+//! - **Dirty data is written back, never dropped**: reclaim cleans a victim's dirty blocks before
+//!   evicting anything, and CLEANED records are logged only after the backing store is flushed.
+//!
+//! Random client writes become sequential device writes (segments filled front to back), which
+//! is both the write-throughput trick and what keeps flash wear down. The index maps each cached
+//! block to its slot in ~13 bytes of RAM per cache block.
+//!
+//! Modules: [`layout`] (the on-device format), [`index`], [`segments`], [`log`] (the writer
+//! thread), [`recover`], [`cache`] (the volume and its per-mode I/O paths), [`cleaner`],
+//! [`reclaim`], [`guards`] (keeping promotions from caching stale data), [`policy`], [`stats`].
 
+pub mod cache;
+pub mod cleaner;
+pub mod engine;
+pub mod guards;
 pub mod index;
 pub mod layout;
+pub mod log;
 pub mod policy;
+pub mod reclaim;
+pub mod recover;
+pub mod segments;
+pub mod state;
+pub mod stats;
+
+pub use cache::{Cache, Status};
+pub use engine::{format, FormatOptions, OpenReport, DEFAULT_BLOCK_SIZE, DEFAULT_SEGMENT_SIZE};
+pub use layout::superblock::{BackingIdentity, Superblock};
+pub use policy::{Mode, ReclaimPolicy};
+pub use recover::read_superblock;
+pub use stats::StatsSnapshot;
 
 /// Errors reading or writing the on-device format.
 #[derive(Debug, thiserror::Error)]
@@ -17,4 +62,26 @@ pub enum FormatError {
     Corrupt(String),
     #[error("{0}")]
     Invalid(String),
+}
+
+/// Errors opening, formatting or closing a cache.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    #[error(
+        "this cache belongs to backing store '{}' ({} bytes), not '{}' ({} bytes); \
+         use the backing store it was formatted for, or format it again",
+        expected.name, expected.size, found.name, found.size
+    )]
+    WrongBacking {
+        expected: BackingIdentity,
+        found: BackingIdentity,
+    },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("cache device I/O failed: {0}")]
+    CacheIo(#[source] std::io::Error),
+    #[error("backing store I/O failed: {0}")]
+    BackingIo(#[source] std::io::Error),
 }

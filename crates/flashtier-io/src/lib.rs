@@ -29,8 +29,12 @@ mod dev;
 pub mod fault;
 mod file;
 mod mem;
+mod slow;
 
 pub use buf::{is_aligned, AlignedBuf};
+pub use crash::{CrashDev, CrashPolicy};
 pub use dev::{check_range, write_zero_buffers, BlockDev, DevInfo, Extent, ZeroOpts};
+pub use fault::{Fault, FaultDev, WriteFailure};
 pub use file::{create_sparse_file, FileDev, FileOptions};
 pub use mem::MemDev;
+pub use slow::SlowDev;

@@ -32,3 +32,43 @@ pub fn open_backing(spec: &str, opts: BackingOptions) -> anyhow::Result<Arc<dyn 
     .with_context(|| format!("cannot open backing store {spec}"))?;
     Ok(Arc::new(dev))
 }
+
+/// What a cache records about the backing store it serves: its size and a stable name (the
+/// canonical path of a file or device, or the NBD URI as given).
+pub fn backing_identity(
+    spec: &str,
+    size: u64,
+) -> anyhow::Result<flashtier_engine::BackingIdentity> {
+    let name = if NbdUri::is_uri(spec) {
+        spec.to_string()
+    } else {
+        std::fs::canonicalize(spec)
+            .with_context(|| format!("cannot resolve backing store path {spec}"))?
+            .to_string_lossy()
+            .into_owned()
+    };
+    Ok(flashtier_engine::BackingIdentity { size, name })
+}
+
+/// Opens a cache file or device with O_DIRECT: the cache decides what is durable, not the page
+/// cache. Filesystems without O_DIRECT (tmpfs) fall back to buffered I/O with a warning; syncs
+/// still make data durable, but the page cache then holds a second copy of everything.
+pub fn open_cache_device(path: &str) -> anyhow::Result<Arc<dyn BlockDev>> {
+    let opts = FileOptions {
+        direct: true,
+        read_only: false,
+    };
+    match FileDev::open(path, opts) {
+        Ok(dev) => Ok(Arc::new(dev)),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            tracing::warn!(
+                path,
+                "O_DIRECT is not supported here; using buffered I/O for the cache"
+            );
+            let dev = FileDev::open(path, FileOptions::default())
+                .with_context(|| format!("cannot open cache device {path}"))?;
+            Ok(Arc::new(dev))
+        }
+        Err(e) => Err(anyhow::Error::new(e).context(format!("cannot open cache device {path}"))),
+    }
+}

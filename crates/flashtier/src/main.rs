@@ -2,6 +2,7 @@
 
 mod backing;
 mod demo;
+mod format;
 mod serve;
 mod units;
 
@@ -30,7 +31,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve a backing store over NBD until SIGINT/SIGTERM.
+    /// Prepare a cache file or device (an SSD) for a backing store.
+    Format(format::FormatArgs),
+    /// Serve a backing store over NBD, through a cache if one is given, until SIGINT/SIGTERM.
     Serve(serve::ServeArgs),
     /// Run a short, self-contained showcase: create a backing store, serve it, drive a workload
     /// through NBD, verify every byte, and report what happened.
@@ -56,6 +59,7 @@ fn main() {
         .init();
 
     let result = match cli.command {
+        Command::Format(args) => format::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Demo(args) => demo::run(args),
     };

@@ -7,7 +7,12 @@ use anyhow::Context;
 use clap::Args;
 use flashtier_nbd::{Export, ListenAddr, Listener, Server, ServerConfig, ShutdownHandle};
 
-use crate::backing::{open_backing, BackingOptions};
+use std::sync::Arc;
+
+use flashtier_engine::{Cache, Mode};
+use flashtier_io::BlockDev;
+
+use crate::backing::{backing_identity, open_backing, open_cache_device, BackingOptions};
 use crate::units::fmt_bytes;
 
 #[derive(Args, Debug)]
@@ -16,6 +21,19 @@ pub struct ServeArgs {
     /// nbd+unix:///export?socket=/path.
     #[arg(long, value_name = "PATH|NBD-URI")]
     pub backing: String,
+
+    /// Cache file or device, prepared with `flashtier format` for this backing store. Without
+    /// it, the backing store is served as is (pass-through).
+    #[arg(long, value_name = "FILE|DEVICE")]
+    pub cache: Option<String>,
+
+    /// Cache mode: writeback (writes land in the cache and are written back later),
+    /// writethrough (writes go to both before they are acknowledged), writearound (writes go to
+    /// the backing store; reads are cached) or passthrough (the cache is bypassed). Leaving
+    /// write-back writes all dirty blocks back first. [default: the mode the cache was formatted
+    /// or last served with]
+    #[arg(long, requires = "cache")]
+    pub mode: Option<Mode>,
 
     /// Where clients connect: a unix socket path (created mode 0600), or HOST:PORT for TCP.
     /// `:PORT` listens on loopback only; name an address (e.g. 0.0.0.0:10809) to listen beyond
@@ -68,13 +86,20 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(s) => ListenAddr::parse(s)?,
         None => ListenAddr::Unix(default_run_dir().join("nbd.sock")),
     };
-    let dev = open_backing(
+    let backing = open_backing(
         &args.backing,
         BackingOptions {
             direct: args.direct,
             read_only: args.read_only,
         },
     )?;
+    let (dev, cache): (Arc<dyn BlockDev>, Option<Arc<Cache>>) = match &args.cache {
+        None => (backing, None),
+        Some(path) => {
+            let cache = open_cache(path, &args, backing)?;
+            (cache.clone(), Some(cache))
+        }
+    };
     let mut export = Export::new(args.export_name.clone(), dev);
     export.force_read_only = args.read_only;
     let config = ServerConfig {
@@ -83,15 +108,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace),
         ..ServerConfig::default()
     };
+    let what = match &cache {
+        None => "pass-through".to_string(),
+        Some(c) => format!(
+            "writes up to {} atomic",
+            fmt_bytes(c.atomic_write_bytes() as u64)
+        ),
+    };
+    let read_only = if export.read_only() {
+        ", read-only"
+    } else {
+        ""
+    };
     let summary = format!(
-        "{} ({}, pass-through{})",
+        "{} ({}, {what}{read_only})",
         export.dev.describe(),
         fmt_bytes(export.dev.info().size),
-        if export.read_only() {
-            ", read-only"
-        } else {
-            ""
-        }
     );
     let server = Server::new(export, config)?;
     // Before the socket exists: a signal sent as soon as a script sees it must already be graceful.
@@ -116,8 +148,52 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     out.flush()?;
     drop(out);
 
-    server.serve(listener).context("server failed")?;
-    Ok(())
+    let served = server.serve(listener).context("server failed");
+    drop(server);
+    if let Some(cache) = cache {
+        // The server has flushed; a final checkpoint makes the next start near-instant.
+        let status = cache.status();
+        cache.close().context("closing the cache failed")?;
+        tracing::info!(
+            cached_blocks = status.cached_blocks,
+            dirty_blocks = status.dirty_blocks,
+            "cache closed cleanly"
+        );
+    }
+    served
+}
+
+fn open_cache(
+    path: &str,
+    args: &ServeArgs,
+    backing: Arc<dyn BlockDev>,
+) -> anyhow::Result<Arc<Cache>> {
+    if backing.info().read_only || args.read_only {
+        anyhow::bail!("a cache needs a writable backing store (drop --read-only or --cache)");
+    }
+    let identity = backing_identity(&args.backing, backing.info().size)?;
+    let dev = open_cache_device(path)?;
+    let cache = Cache::open(dev, backing, &identity, args.mode)
+        .with_context(|| format!("cannot use cache {path}"))?;
+    let r = cache.report();
+    if r.clean_shutdown {
+        tracing::info!(
+            cached_blocks = r.cached_blocks,
+            dirty_blocks = r.dirty_blocks,
+            time_ms = r.recovery_time.as_millis() as u64,
+            "cache opened after a clean shutdown"
+        );
+    } else {
+        tracing::warn!(
+            replayed_records = r.replayed_records,
+            replayed_batches = r.replayed_batches,
+            cached_blocks = r.cached_blocks,
+            dirty_blocks = r.dirty_blocks,
+            time_ms = r.recovery_time.as_millis() as u64,
+            "cache recovered after an unclean shutdown"
+        );
+    }
+    Ok(Arc::new(cache))
 }
 
 /// First SIGINT/SIGTERM: graceful shutdown. A second one: exit at once.

@@ -1,0 +1,661 @@
+//! `Cache`: a backing store with the SSD tier in front, itself a `BlockDev`.
+//!
+//! The I/O paths, per mode:
+//! - **read**: blocks found in the index are read from the cache device (runs of consecutive
+//!   slots in one read); the others from the backing store, then promoted (except in
+//!   pass-through) by an asynchronous PROMOTE record.
+//! - **write-back**: one WRITE record per request (split at the atomic size), dirty; acknowledged
+//!   once written to the cache device; FUA waits for a sync.
+//! - **write-through**: the same record, synced, then the backing store is written; the blocks are
+//!   logged clean after the next backing flush.
+//! - **write-around, pass-through**: an INVALIDATE record for the range is synced, then the backing
+//!   store is written.
+//! - **trim, write-zeroes**: like write-around (write-zeroes first writes back any dirty blocks in
+//!   the range, so a failing backing store cannot lose them; partial blocks at the edges are
+//!   zeroed through the write path).
+//!
+//! The rule behind the write-around order: before the backing store is written, every record that
+//! could map the blocks being written must be durably superseded, or a crash could bring back a
+//! cached copy older than what the backing store holds.
+
+use std::io;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use flashtier_io::{check_range, AlignedBuf, BlockDev, DevInfo, Extent, ZeroOpts};
+
+use crate::cleaner;
+use crate::engine::{self, Engine, OpenReport};
+use crate::layout::batch::Kind;
+use crate::layout::superblock::BackingIdentity;
+use crate::log::{Record, Writer};
+use crate::policy::{Mode, ReclaimPolicy};
+use crate::stats::{Stats, StatsSnapshot};
+use crate::EngineError;
+
+/// Promotion data waiting for the log beyond this is dropped rather than queued.
+const MAX_QUEUED_PROMOTION: u64 = 64 << 20;
+
+/// How the cache is used right now.
+#[derive(Debug, Clone)]
+pub struct Status {
+    pub mode: Mode,
+    pub reclaim: ReclaimPolicy,
+    pub block_size: u32,
+    pub segment_size: u32,
+    pub segments: u32,
+    pub free_segments: usize,
+    pub cached_blocks: u64,
+    pub dirty_blocks: u64,
+    pub capacity_blocks: u64,
+    pub index_bytes: usize,
+    pub atomic_write_bytes: u32,
+    pub failed: bool,
+}
+
+pub struct Cache {
+    e: Arc<Engine>,
+    info: DevInfo,
+    threads: parking_lot::Mutex<Threads>,
+    report: OpenReport,
+}
+
+#[derive(Default)]
+struct Threads {
+    writer: Option<JoinHandle<()>>,
+    reclaimer: Option<JoinHandle<()>>,
+}
+
+impl Cache {
+    /// Opens (recovering if needed) the cache on `cache` for `backing`. With `mode`, overrides
+    /// the mode stored on the device; a mode that keeps no dirty data writes all dirty blocks
+    /// back before this returns.
+    pub fn open(
+        cache: Arc<dyn BlockDev>,
+        backing: Arc<dyn BlockDev>,
+        identity: &BackingIdentity,
+        mode: Option<Mode>,
+    ) -> Result<Cache, EngineError> {
+        let (e, start, report) = engine::open_engine(cache, backing.clone(), identity, mode)?;
+        let writer = Writer::new(
+            e.clone(),
+            start.next_seq,
+            start.epoch,
+            start.checkpoint_number,
+        );
+        let writer = writer.spawn();
+        let reclaimer = crate::reclaim::spawn(e.clone());
+        let info = DevInfo {
+            size: backing.info().size,
+            read_only: false,
+            min_block: e.geo.block_size,
+            can_flush: true,
+            native_fua: true,
+            can_trim: true,
+            can_fast_zero: backing.info().can_fast_zero,
+            can_extents: false,
+            rotational: false,
+        };
+        let cache = Cache {
+            e,
+            info,
+            threads: parking_lot::Mutex::new(Threads {
+                writer: Some(writer),
+                reclaimer: Some(reclaimer),
+            }),
+            report,
+        };
+        if !cache.mode().keeps_dirty_data() && cache.report.dirty_blocks > 0 {
+            tracing::info!(
+                blocks = cache.report.dirty_blocks,
+                mode = %cache.mode(),
+                "writing back dirty blocks before serving in a mode that keeps none"
+            );
+            cache.write_back_all().map_err(EngineError::BackingIo)?;
+        }
+        Ok(cache)
+    }
+
+    pub fn report(&self) -> &OpenReport {
+        &self.report
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.e.mode()
+    }
+
+    /// Switches mode. Leaving write-back writes every dirty block back first (while writes
+    /// continue in write-back), then switches and writes back what arrived meanwhile.
+    pub fn set_mode(&self, mode: Mode) -> io::Result<()> {
+        if self.mode() == mode {
+            return Ok(());
+        }
+        if !mode.keeps_dirty_data() {
+            self.write_back_all()?;
+        }
+        self.e.set_mode_flag(mode);
+        if !mode.keeps_dirty_data() {
+            self.write_back_all()?;
+        }
+        Ok(())
+    }
+
+    pub fn set_reclaim_policy(&self, policy: ReclaimPolicy) {
+        self.e.set_reclaim_policy(policy);
+    }
+
+    /// Writes every dirty block back to the backing store; returns how many.
+    pub fn write_back_all(&self) -> io::Result<u64> {
+        let n = self.e.geo.slot_count();
+        cleaner::clean_pass(&self.e, |st| cleaner::all_dirty(st, n))
+    }
+
+    pub fn stats(&self) -> StatsSnapshot {
+        self.e.stats.snapshot()
+    }
+
+    pub fn status(&self) -> Status {
+        let st = self.e.state.read();
+        let geo = self.e.geo;
+        let data_blocks = geo.segment_count as u64 * (geo.blocks_per_segment() as u64);
+        Status {
+            mode: self.mode(),
+            reclaim: self.e.reclaim_policy(),
+            block_size: geo.block_size,
+            segment_size: geo.segment_size,
+            segments: geo.segment_count,
+            free_segments: st.segs.free_count(),
+            cached_blocks: st.segs.total_live(),
+            dirty_blocks: st.segs.total_dirty(),
+            capacity_blocks: data_blocks,
+            index_bytes: st.index.memory_bytes(),
+            atomic_write_bytes: self.e.atomic_bytes,
+            failed: self.e.log.failed(),
+        }
+    }
+
+    /// Largest write that is all-or-nothing after a crash.
+    pub fn atomic_write_bytes(&self) -> u32 {
+        self.e.atomic_bytes
+    }
+
+    /// Empties victims now, as if the cache were full (tests and benchmarks).
+    pub fn reclaim_now(&self) -> io::Result<()> {
+        crate::reclaim::reclaim_until_target(&self.e)
+    }
+
+    /// Clean shutdown: stops reclaim, writes a final checkpoint and marks the cache clean, so the
+    /// next open replays nothing. Dirty blocks stay in the cache (they are safe there). Requests
+    /// after this fail; a second call does nothing.
+    pub fn close(&self) -> Result<(), EngineError> {
+        self.shutdown(true)
+    }
+
+    fn shutdown(&self, clean: bool) -> Result<(), EngineError> {
+        let mut threads = self.threads.lock();
+        if threads.writer.is_none() {
+            return Ok(());
+        }
+        {
+            let mut ctl = self.e.reclaim.lock();
+            ctl.stop = true;
+        }
+        self.e.reclaim_cv.notify_all();
+        if let Some(r) = threads.reclaimer.take() {
+            let _ = r.join();
+        }
+        let mut result = Ok(());
+        if clean && !self.e.log.failed() {
+            result = self
+                .e
+                .log
+                .checkpoint()
+                .and_then(|()| engine::mark_clean(&self.e))
+                .map_err(EngineError::CacheIo);
+        }
+        self.e.log.stop();
+        if let Some(w) = threads.writer.take() {
+            let _ = w.join();
+        }
+        result
+    }
+
+    fn block_size(&self) -> u64 {
+        self.e.geo.block_size as u64
+    }
+
+    /// Reads whole blocks `[first, first + count)` into `out`.
+    fn read_blocks(&self, first: u64, count: u64, out: &mut [u8]) -> io::Result<()> {
+        let e = &*self.e;
+        let bs = self.block_size() as usize;
+        // Runs of hits (consecutive slots) and misses, found under one short read lock; the
+        // segments holding hits are pinned until their reads are done.
+        enum Run {
+            Hit { slot: u32, n: u64 },
+            Miss { n: u64 },
+        }
+        let mut runs: Vec<(u64, Run)> = Vec::new();
+        let mut pinned: Vec<u32> = Vec::new();
+        {
+            let st = e.state.read();
+            let now = e.now_secs();
+            for i in 0..count {
+                let lba = first + i;
+                match st.index.get(lba) {
+                    Some(slot) => {
+                        st.index.touch(slot);
+                        let seg = e.geo.segment_of(slot);
+                        if pinned.last() != Some(&seg) {
+                            st.segs.reader_enter(seg);
+                            st.segs.note_access(seg, now);
+                            pinned.push(seg);
+                        }
+                        match runs.last_mut() {
+                            Some((_, Run::Hit { slot: s, n })) if *s + *n as u32 == slot => *n += 1,
+                            _ => runs.push((i, Run::Hit { slot, n: 1 })),
+                        }
+                    }
+                    None => match runs.last_mut() {
+                        Some((_, Run::Miss { n })) => *n += 1,
+                        _ => runs.push((i, Run::Miss { n: 1 })),
+                    },
+                }
+            }
+        }
+        let mut result = Ok(());
+        let mut hits = 0u64;
+        for (at, run) in &runs {
+            let (start, n) = (
+                *at as usize * bs,
+                match run {
+                    Run::Hit { n, .. } | Run::Miss { n } => *n as usize,
+                },
+            );
+            let buf = &mut out[start..start + n * bs];
+            let r = match run {
+                Run::Hit { slot, .. } => {
+                    hits += n as u64;
+                    let r = e.cache.read_at(buf, e.geo.slot_offset(*slot));
+                    if r.is_err() {
+                        Stats::add(&e.stats.cache_errors, 1);
+                    }
+                    Stats::add(&e.stats.cache_read_bytes, buf.len() as u64);
+                    r
+                }
+                Run::Miss { .. } => self.read_miss(first + at, n as u64, buf),
+            };
+            if r.is_err() {
+                result = r;
+                break;
+            }
+        }
+        {
+            let st = e.state.read();
+            for seg in pinned {
+                st.segs.reader_exit(seg);
+            }
+        }
+        Stats::add(&e.stats.read_hit_blocks, hits);
+        result
+    }
+
+    /// Reads blocks from the backing store and queues their promotion.
+    fn read_miss(&self, lba: u64, n: u64, buf: &mut [u8]) -> io::Result<()> {
+        let e = &*self.e;
+        let since = e.guards.now();
+        let bs = self.block_size();
+        e.backing
+            .read_at(buf, lba * bs)
+            .inspect_err(|_| Stats::add(&e.stats.backing_errors, 1))?;
+        Stats::add(&e.stats.backing_read_bytes, buf.len() as u64);
+        Stats::add(&e.stats.read_miss_blocks, n);
+        if !self.mode().caches_reads() || e.log.failed() {
+            return Ok(());
+        }
+        let max = (e.atomic_bytes as u64 / bs).max(1);
+        let mut done = 0;
+        while done < n {
+            let k = (n - done).min(max);
+            let bytes = k * bs;
+            let queued = e
+                .log
+                .queued_promotion_bytes
+                .fetch_add(bytes, Ordering::Relaxed);
+            if queued + bytes > MAX_QUEUED_PROMOTION {
+                e.log
+                    .queued_promotion_bytes
+                    .fetch_sub(bytes, Ordering::Relaxed);
+                break;
+            }
+            let mut data = AlignedBuf::zeroed(bytes as usize);
+            let from = (done * bs) as usize;
+            data.copy_from_slice(&buf[from..from + bytes as usize]);
+            let mut rec = Record::new(Kind::Promote, lba + done, k as u32, Some(data));
+            rec.promote_since = Some(since);
+            e.log.append_async(rec, false);
+            done += k;
+        }
+        Ok(())
+    }
+
+    /// Writes whole blocks `[lba, lba + n)` from `data` into the cache as WRITE records; returns
+    /// each record's first block, the slot it landed in, and its length.
+    fn log_blocks(&self, lba: u64, data: &[u8], dirty: bool) -> io::Result<Vec<(u64, u32, u32)>> {
+        let e = &*self.e;
+        let bs = self.block_size() as usize;
+        let n = (data.len() / bs) as u64;
+        let max = (e.atomic_bytes as usize / bs).max(1) as u64;
+        {
+            let st = e.state.read();
+            let hits = (lba..lba + n)
+                .filter(|&b| st.index.get(b).is_some())
+                .count();
+            Stats::add(&e.stats.write_hit_blocks, hits as u64);
+        }
+        let mut records = Vec::new();
+        let mut done = 0;
+        while done < n {
+            let k = (n - done).min(max);
+            let from = done as usize * bs;
+            let mut buf = AlignedBuf::zeroed(k as usize * bs);
+            buf.copy_from_slice(&data[from..from + k as usize * bs]);
+            e.guards.stamp(lba + done, k);
+            let rec = Record::new(Kind::Write, lba + done, k as u32, Some(buf)).dirty(dirty);
+            let appended = e.log.append(rec, false)?;
+            records.push((lba + done, appended.slot, k as u32));
+            done += k;
+        }
+        Stats::add(&e.stats.write_blocks, n);
+        Ok(records)
+    }
+
+    /// Durably unmaps `[lba, lba + n)` so the backing store may be written there.
+    fn invalidate(&self, lba: u64, n: u64) -> io::Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let e = &*self.e;
+        let mut done = 0;
+        while done < n {
+            let k = (n - done).min(u32::MAX as u64);
+            e.log.append(
+                Record::new(Kind::Invalidate, lba + done, k as u32, None),
+                false,
+            )?;
+            done += k;
+        }
+        e.log.sync(false)
+    }
+
+    fn backing_write(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+        let e = &*self.e;
+        let _order = e.backing_order.read();
+        e.backing
+            .write_at(buf, offset, fua)
+            .inspect_err(|_| Stats::add(&e.stats.backing_errors, 1))?;
+        Stats::add(&e.stats.backing_write_bytes, buf.len() as u64);
+        if !fua {
+            e.backing_unflushed.store(true, Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// Whole-block writes in the current mode.
+    fn write_blocks(&self, lba: u64, data: &[u8], fua: bool) -> io::Result<()> {
+        let e = &*self.e;
+        let bs = self.block_size();
+        let n = data.len() as u64 / bs;
+        match self.mode() {
+            Mode::WriteBack => {
+                self.log_blocks(lba, data, true)?;
+                if fua {
+                    e.log.sync(false)?;
+                }
+            }
+            Mode::WriteThrough => {
+                let _busy = e.guards.busy(lba, n);
+                let records = self.log_blocks(lba, data, true)?;
+                e.log.sync(false)?;
+                self.backing_write(data, lba * bs, fua)?;
+                if fua {
+                    self.log_clean(&records);
+                } else {
+                    e.unflushed_write_through.lock().extend(records);
+                }
+            }
+            Mode::WriteAround | Mode::PassThrough => {
+                let _busy = e.guards.busy(lba, n);
+                self.invalidate(lba, n)?;
+                Stats::add(&e.stats.write_blocks, n);
+                self.backing_write(data, lba * bs, fua)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks write-through records clean once the backing store holds them durably.
+    fn log_clean(&self, records: &[(u64, u32, u32)]) {
+        let blocks: Vec<cleaner::DirtyBlock> = records
+            .iter()
+            .filter(|(_, slot, _)| *slot != u32::MAX)
+            .flat_map(|&(lba, slot, n)| {
+                (0..n).map(move |i| cleaner::DirtyBlock {
+                    lba: lba + i as u64,
+                    slot: slot + i,
+                })
+            })
+            .collect();
+        cleaner::mark_clean(&self.e, &blocks);
+    }
+
+    /// The part of the export past the last whole cache block is never cached.
+    fn uncached_tail(&self) -> u64 {
+        self.e.cached_blocks * self.block_size()
+    }
+}
+
+impl Drop for Cache {
+    fn drop(&mut self) {
+        // Not closed: stop the threads without marking the cache clean (like a crash, but with
+        // everything acknowledged already in the log).
+        let _ = self.shutdown(false);
+    }
+}
+
+impl BlockDev for Cache {
+    fn info(&self) -> &DevInfo {
+        &self.info
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} cached on {} ({})",
+            self.e.backing.describe(),
+            self.e.cache.describe(),
+            self.mode()
+        )
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        check_range(self.info.size, offset, buf.len() as u64, false)?;
+        let e = &*self.e;
+        Stats::add(&e.stats.reads, 1);
+        let tail = self.uncached_tail();
+        let end = offset + buf.len() as u64;
+        if self.mode() == Mode::PassThrough || offset >= tail {
+            Stats::add(&e.stats.backing_read_bytes, buf.len() as u64);
+            return e.backing.read_at(buf, offset);
+        }
+        if end > tail {
+            let split = (tail - offset) as usize;
+            let (cached, rest) = buf.split_at_mut(split);
+            e.backing.read_at(rest, tail)?;
+            return self.read_at_cached(cached, offset);
+        }
+        self.read_at_cached(buf, offset)
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+        check_range(self.info.size, offset, buf.len() as u64, true)?;
+        let e = &*self.e;
+        Stats::add(&e.stats.writes, 1);
+        let tail = self.uncached_tail();
+        let end = offset + buf.len() as u64;
+        if end > tail {
+            let split = tail.saturating_sub(offset) as usize;
+            self.backing_write(&buf[split..], offset.max(tail), fua)?;
+            if split == 0 {
+                return Ok(());
+            }
+            return self.write_at_cached(&buf[..split], offset, fua);
+        }
+        self.write_at_cached(buf, offset, fua)
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        let e = &*self.e;
+        Stats::add(&e.stats.flushes, 1);
+        e.log.sync(false)?;
+        if e.backing_unflushed.swap(false, Ordering::AcqRel) {
+            let pending: Vec<(u64, u32, u32)> =
+                std::mem::take(&mut *e.unflushed_write_through.lock());
+            if let Err(err) = e.backing.flush() {
+                e.backing_unflushed.store(true, Ordering::Release);
+                e.unflushed_write_through.lock().extend(pending);
+                Stats::add(&e.stats.backing_errors, 1);
+                return Err(err);
+            }
+            Stats::add(&e.stats.backing_flushes, 1);
+            self.log_clean(&pending);
+        }
+        Ok(())
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range(self.info.size, offset, len, true)?;
+        let e = &*self.e;
+        let bs = self.block_size();
+        // Only whole blocks inside the range are dropped from the cache; the backing store gets
+        // the exact range (trimmed bytes may read as anything afterwards).
+        let first = offset.div_ceil(bs);
+        let last = ((offset + len) / bs).min(e.cached_blocks);
+        if last > first {
+            let _busy = e.guards.busy(first, last - first);
+            self.invalidate(first, last - first)?;
+        }
+        let _order = e.backing_order.read();
+        e.backing_unflushed.store(true, Ordering::Release);
+        e.backing.trim(offset, len)
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, opts: ZeroOpts) -> io::Result<()> {
+        check_range(self.info.size, offset, len, true)?;
+        let e = &*self.e;
+        let bs = self.block_size();
+        let end = offset + len;
+        let first = offset.div_ceil(bs).min(e.cached_blocks);
+        let last = (end / bs).min(e.cached_blocks).max(first);
+        // Partial blocks at the edges are zeroed as ordinary writes.
+        let head_end = (first * bs).min(end);
+        if head_end > offset {
+            let zeroes = vec![0u8; (head_end - offset) as usize];
+            self.write_at(&zeroes, offset, opts.fua)?;
+        }
+        let tail_start = (last * bs).max(head_end);
+        if end > tail_start {
+            let zeroes = vec![0u8; (end - tail_start) as usize];
+            self.write_at(&zeroes, tail_start, opts.fua)?;
+        }
+        if last > first {
+            let n = last - first;
+            let slots = e.geo.slot_count();
+            cleaner::clean_pass(e, |st| cleaner::dirty_in_range(st, slots, first, n))?;
+            let _busy = e.guards.busy(first, n);
+            self.invalidate(first, n)?;
+            let _order = e.backing_order.read();
+            e.backing
+                .write_zeroes(first * bs, n * bs, opts)
+                .inspect_err(|_| Stats::add(&e.stats.backing_errors, 1))?;
+            if !opts.fua {
+                e.backing_unflushed.store(true, Ordering::Release);
+            }
+        }
+        Ok(())
+    }
+
+    fn prefetch(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range(self.info.size, offset, len, false)?;
+        if !self.mode().caches_reads() {
+            return Ok(());
+        }
+        // Reading promotes what is missing; bounded so a huge CACHE request cannot pin memory.
+        let chunk = 4u64 << 20;
+        let end = (offset + len)
+            .min(self.uncached_tail())
+            .min(offset + (256 << 20));
+        let mut buf = AlignedBuf::zeroed(chunk as usize);
+        let mut at = offset;
+        while at < end {
+            let n = (end - at).min(chunk) as usize;
+            self.read_at(&mut buf[..n], at)?;
+            at += n as u64;
+        }
+        Ok(())
+    }
+
+    fn extents(
+        &self,
+        offset: u64,
+        len: u64,
+        max_extents: usize,
+        out: &mut Vec<Extent>,
+    ) -> io::Result<()> {
+        check_range(self.info.size, offset, len, false)?;
+        let _ = max_extents;
+        out.push(Extent::data(len));
+        Ok(())
+    }
+}
+
+impl Cache {
+    fn read_at_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let bs = self.block_size();
+        let first = offset / bs;
+        let end = offset + buf.len() as u64;
+        let last = end.div_ceil(bs);
+        if offset.is_multiple_of(bs) && end.is_multiple_of(bs) {
+            return self.read_blocks(first, last - first, buf);
+        }
+        let mut bounce = AlignedBuf::zeroed(((last - first) * bs) as usize);
+        self.read_blocks(first, last - first, &mut bounce)?;
+        let skip = (offset - first * bs) as usize;
+        buf.copy_from_slice(&bounce[skip..skip + buf.len()]);
+        Ok(())
+    }
+
+    fn write_at_cached(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+        let bs = self.block_size();
+        let end = offset + buf.len() as u64;
+        if offset.is_multiple_of(bs) && end.is_multiple_of(bs) {
+            let _shared = self.e.rmw.read();
+            return self.write_blocks(offset / bs, buf, fua);
+        }
+        // A partial block: read what surrounds the write, patch, write whole blocks, excluding
+        // every other writer so nothing lands between the read and the write.
+        let _exclusive = self.e.rmw.write();
+        let first = offset / bs;
+        let last = end.div_ceil(bs);
+        let mut data = AlignedBuf::zeroed(((last - first) * bs) as usize);
+        if !offset.is_multiple_of(bs) {
+            self.read_blocks(first, 1, &mut data[..bs as usize])?;
+        }
+        if !end.is_multiple_of(bs) && (last - 1 > first || offset.is_multiple_of(bs)) {
+            let at = ((last - 1 - first) * bs) as usize;
+            self.read_blocks(last - 1, 1, &mut data[at..at + bs as usize])?;
+        }
+        let skip = (offset - first * bs) as usize;
+        data[skip..skip + buf.len()].copy_from_slice(buf);
+        self.write_blocks(first, &data, fua)
+    }
+}

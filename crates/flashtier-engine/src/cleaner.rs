@@ -1,0 +1,179 @@
+//! Writing dirty blocks back to the backing store.
+//!
+//! Order, for each cleaning pass:
+//! 1. the log is synced, so the version being written back can never be lost from the cache
+//!    after the backing store has it (recovery would otherwise bring back an older version);
+//! 2. dirty blocks are read from the cache and written to the backing store sorted by address,
+//!    consecutive addresses coalesced into one write;
+//! 3. the backing store is flushed;
+//! 4. only then are the blocks marked clean, each only if it still lives in the slot that was
+//!    written back (a block rewritten meanwhile stays dirty).
+//!
+//! Marking clean happens in memory; CLEANED records follow in the log as a hint, best effort. A
+//! lost hint only means a block comes back dirty after a crash and is written back again, which
+//! is harmless; the opposite (clean in memory, missing from the backing store) cannot happen
+//! because the backing store is flushed first. Not depending on log space is what lets reclaim
+//! always make progress, even with the log full of dirty blocks.
+//!
+//! Passes are exclusive with writes that go around the cache (`Engine::backing_order`): a pass
+//! that read an old version of a block must not land on the backing store after a newer version
+//! written straight there.
+
+use std::io;
+
+use flashtier_io::AlignedBuf;
+
+use crate::engine::Engine;
+use crate::layout::batch::Kind;
+use crate::log::Record;
+use crate::stats::Stats;
+
+/// Largest single write to the backing store.
+const MAX_BACKING_WRITE: u64 = 4 << 20;
+
+/// A dirty block to write back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct DirtyBlock {
+    pub lba: u64,
+    pub slot: u32,
+}
+
+/// Cleans the dirty blocks chosen by `select` (called with the state locked for reading, under
+/// the pass's exclusive lock, so no bypass write is in flight). Returns blocks written back.
+pub(crate) fn clean_pass(
+    e: &Engine,
+    select: impl FnOnce(&crate::state::State) -> Vec<DirtyBlock>,
+) -> io::Result<u64> {
+    let _exclusive = e.backing_order.write();
+    let mut blocks = select(&e.state.read());
+    if blocks.is_empty() {
+        return Ok(0);
+    }
+    blocks.sort_unstable();
+    e.log.sync(true)?;
+
+    let bs = e.geo.block_size as u64;
+    let per_write = (MAX_BACKING_WRITE / bs).max(1) as usize;
+    let mut i = 0;
+    while i < blocks.len() {
+        // A run of consecutive addresses, up to the coalescing limit.
+        let mut j = i + 1;
+        while j < blocks.len() && j - i < per_write && blocks[j].lba == blocks[j - 1].lba + 1 {
+            j += 1;
+        }
+        let run = &blocks[i..j];
+        let mut buf = AlignedBuf::zeroed(run.len() * bs as usize);
+        read_slots(e, run, &mut buf)?;
+        e.backing
+            .write_at(&buf, run[0].lba * bs, false)
+            .inspect_err(|_| Stats::add(&e.stats.backing_errors, 1))?;
+        Stats::add(&e.stats.backing_write_bytes, buf.len() as u64);
+        Stats::add(&e.stats.cleaner_writes, 1);
+        i = j;
+    }
+    e.backing
+        .flush()
+        .inspect_err(|_| Stats::add(&e.stats.backing_errors, 1))?;
+    Stats::add(&e.stats.backing_flushes, 1);
+
+    mark_clean(e, &blocks);
+    Stats::add(&e.stats.cleaned_blocks, blocks.len() as u64);
+    Ok(blocks.len() as u64)
+}
+
+/// Marks blocks clean where they still live in the slot that was written back, and logs CLEANED
+/// hints for runs consecutive in both address and slot. Call only once the backing store holds
+/// the blocks durably.
+pub(crate) fn mark_clean(e: &Engine, blocks: &[DirtyBlock]) {
+    {
+        let mut st = e.state.write();
+        for b in blocks {
+            st.clean(b.lba, b.slot);
+        }
+    }
+    let mut k = 0;
+    while k < blocks.len() {
+        let mut m = k + 1;
+        while m < blocks.len()
+            && blocks[m].lba == blocks[m - 1].lba + 1
+            && blocks[m].slot == blocks[m - 1].slot + 1
+        {
+            m += 1;
+        }
+        let rec = Record::new(Kind::Cleaned, blocks[k].lba, (m - k) as u32, None)
+            .aux(blocks[k].slot as u64);
+        e.log.append_async(rec, true);
+        k = m;
+    }
+}
+
+/// Reads the blocks of `run` (consecutive addresses, slots anywhere) into `buf`, one device read
+/// per stretch of consecutive slots. The segments are pinned while they are read.
+pub(crate) fn read_slots(e: &Engine, run: &[DirtyBlock], buf: &mut [u8]) -> io::Result<()> {
+    let bs = e.geo.block_size as usize;
+    let mut i = 0;
+    while i < run.len() {
+        let mut j = i + 1;
+        while j < run.len() && run[j].slot == run[j - 1].slot + 1 {
+            j += 1;
+        }
+        let segs: Vec<u32> = {
+            let st = e.state.read();
+            let mut v: Vec<u32> = run[i..j].iter().map(|b| e.geo.segment_of(b.slot)).collect();
+            v.dedup();
+            for &s in &v {
+                st.segs.reader_enter(s);
+            }
+            v
+        };
+        let result = e
+            .cache
+            .read_at(&mut buf[i * bs..j * bs], e.geo.slot_offset(run[i].slot));
+        {
+            let st = e.state.read();
+            for &s in &segs {
+                st.segs.reader_exit(s);
+            }
+        }
+        result.inspect_err(|_| Stats::add(&e.stats.cache_errors, 1))?;
+        Stats::add(&e.stats.cache_read_bytes, ((j - i) * bs) as u64);
+        i = j;
+    }
+    Ok(())
+}
+
+/// Every dirty block.
+pub(crate) fn all_dirty(st: &crate::state::State, slot_count: u32) -> Vec<DirtyBlock> {
+    st.index
+        .slots_in(0, slot_count)
+        .filter(|(_, info)| info.dirty)
+        .map(|(slot, info)| DirtyBlock {
+            lba: info.lba,
+            slot,
+        })
+        .collect()
+}
+
+/// Dirty blocks in `[first, first + count)`.
+pub(crate) fn dirty_in_range(
+    st: &crate::state::State,
+    slot_count: u32,
+    first: u64,
+    count: u64,
+) -> Vec<DirtyBlock> {
+    if count > st.index.len() as u64 {
+        return all_dirty(st, slot_count)
+            .into_iter()
+            .filter(|b| b.lba >= first && b.lba < first + count)
+            .collect();
+    }
+    (first..first + count)
+        .filter_map(|lba| {
+            let slot = st.index.get(lba)?;
+            st.index
+                .slot(slot)
+                .filter(|i| i.dirty)
+                .map(|_| DirtyBlock { lba, slot })
+        })
+        .collect()
+}

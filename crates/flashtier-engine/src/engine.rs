@@ -1,0 +1,314 @@
+//! The engine's shared state, and formatting, opening and closing a cache device.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flashtier_io::{AlignedBuf, BlockDev};
+use parking_lot::{Condvar, Mutex, RwLock};
+
+use crate::guards::Guards;
+use crate::layout::batch::BatchHeader;
+use crate::layout::checkpoint::Checkpoint;
+use crate::layout::superblock::{BackingIdentity, Superblock};
+use crate::layout::Geometry;
+use crate::log::{Log, RESERVE};
+use crate::policy::{Mode, ReclaimPolicy};
+use crate::recover;
+use crate::state::State;
+use crate::stats::Stats;
+use crate::EngineError;
+
+/// Default cache block.
+pub const DEFAULT_BLOCK_SIZE: u32 = 4096;
+/// Default segment: large enough for sequential device writes and a 1 MiB atomic record.
+pub const DEFAULT_SEGMENT_SIZE: u32 = 4 << 20;
+/// Largest write applied as one record (all-or-nothing after a crash).
+pub const MAX_ATOMIC_WRITE: u32 = 1 << 20;
+
+/// Everything the engine's threads share.
+pub struct Engine {
+    pub(crate) cache: Arc<dyn BlockDev>,
+    pub(crate) backing: Arc<dyn BlockDev>,
+    pub(crate) geo: Geometry,
+    pub(crate) state: RwLock<State>,
+    pub(crate) log: Log,
+    pub(crate) guards: Guards,
+    pub(crate) stats: Stats,
+    pub(crate) superblock: Mutex<Superblock>,
+    mode: AtomicU8,
+    reclaim_policy: AtomicU8,
+    /// Shared by whole-block writes, exclusive for read-modify-writes of partial blocks.
+    pub(crate) rmw: RwLock<()>,
+    /// Shared by writes that go straight to the backing store, exclusive for a cleaning pass
+    /// (see `cleaner`).
+    pub(crate) backing_order: RwLock<()>,
+    /// The backing store was written (bypassing the cache) since it was last flushed.
+    pub(crate) backing_unflushed: AtomicBool,
+    /// Write-through blocks written to the backing store but not yet flushed there:
+    /// `(lba, slot, blocks)`; logged clean after the next backing flush.
+    pub(crate) unflushed_write_through: Mutex<Vec<(u64, u32, u32)>>,
+    pub(crate) started: Instant,
+    pub(crate) reclaim: Mutex<ReclaimControl>,
+    pub(crate) reclaim_cv: Condvar,
+    /// Blocks of the backing store the cache covers (a partial last block is not cached).
+    pub(crate) cached_blocks: u64,
+    /// Bytes of the largest single record.
+    pub(crate) atomic_bytes: u32,
+}
+
+#[derive(Default)]
+pub(crate) struct ReclaimControl {
+    pub wake: bool,
+    pub stop: bool,
+}
+
+impl Engine {
+    pub fn mode(&self) -> Mode {
+        Mode::from_u8(self.mode.load(Ordering::Acquire)).unwrap_or_default()
+    }
+
+    pub(crate) fn set_mode_flag(&self, mode: Mode) {
+        self.mode.store(mode as u8, Ordering::Release);
+    }
+
+    pub fn reclaim_policy(&self) -> ReclaimPolicy {
+        ReclaimPolicy::from_u8(self.reclaim_policy.load(Ordering::Relaxed)).unwrap_or_default()
+    }
+
+    pub(crate) fn set_reclaim_policy(&self, p: ReclaimPolicy) {
+        self.reclaim_policy.store(p as u8, Ordering::Relaxed);
+    }
+
+    /// Seconds since the engine started, for LRU ages.
+    pub(crate) fn now_secs(&self) -> u32 {
+        self.started.elapsed().as_secs() as u32
+    }
+
+    /// Reclaim runs when free segments drop to this many.
+    pub(crate) fn reclaim_low_water(&self) -> usize {
+        RESERVE + 1 + self.geo.segment_count as usize / 32
+    }
+
+    /// Reclaim stops once this many segments are free or waiting for a checkpoint.
+    pub(crate) fn reclaim_target(&self) -> usize {
+        self.reclaim_low_water() + 1 + self.geo.segment_count as usize / 64
+    }
+
+    pub(crate) fn wake_reclaim(&self) {
+        self.reclaim.lock().wake = true;
+        self.reclaim_cv.notify_one();
+    }
+}
+
+/// Parameters of `format`.
+#[derive(Debug, Clone, Copy)]
+pub struct FormatOptions {
+    pub block_size: u32,
+    pub segment_size: u32,
+    pub mode: Mode,
+    pub reclaim: ReclaimPolicy,
+}
+
+impl Default for FormatOptions {
+    fn default() -> Self {
+        FormatOptions {
+            block_size: DEFAULT_BLOCK_SIZE,
+            segment_size: DEFAULT_SEGMENT_SIZE,
+            mode: Mode::WriteBack,
+            reclaim: ReclaimPolicy::Lru,
+        }
+    }
+}
+
+/// Writes an empty cache onto `dev` for `backing`: an empty checkpoint in both slots, then both
+/// superblock copies. Overwrites whatever was there; the caller checks first.
+pub fn format(
+    dev: &dyn BlockDev,
+    backing: BackingIdentity,
+    opts: FormatOptions,
+) -> Result<Superblock, EngineError> {
+    let geometry = Geometry::compute(dev.info().size, opts.block_size, opts.segment_size)?;
+    if backing.size < opts.block_size as u64 {
+        return Err(EngineError::Invalid(format!(
+            "the backing store ({} bytes) is smaller than one cache block",
+            backing.size
+        )));
+    }
+    let mut uuid = [0u8; 16];
+    // SAFETY: getrandom fills the buffer we pass, up to its length.
+    let n = unsafe { libc::getrandom(uuid.as_mut_ptr().cast(), uuid.len(), 0) };
+    if n != uuid.len() as isize {
+        return Err(EngineError::CacheIo(std::io::Error::last_os_error()));
+    }
+    let empty = Checkpoint {
+        number: 0,
+        next_seq: 1,
+        epoch: 1,
+        open: None,
+        free: (0..geometry.segment_count).collect(),
+        entries: Vec::new(),
+    };
+    let bytes = empty.encode();
+    let mut buf = AlignedBuf::zeroed(bytes.len());
+    buf.copy_from_slice(&bytes);
+    let io = EngineError::CacheIo;
+    // Checkpoint number 0 belongs in slot 0; slot 1 is cleared so an old cache's checkpoint
+    // cannot be mistaken for this one's.
+    dev.write_at(&buf, geometry.checkpoint_slot_offset(0), false)
+        .map_err(io)?;
+    let zero = AlignedBuf::zeroed(4096);
+    dev.write_at(&zero, geometry.checkpoint_slot_offset(1), false)
+        .map_err(io)?;
+    // The first header of segment 0 must not look like a batch of a previous cache.
+    dev.write_at(
+        &AlignedBuf::zeroed(geometry.block_size as usize),
+        geometry.data_offset,
+        false,
+    )
+    .map_err(io)?;
+    dev.flush().map_err(io)?;
+    let mut sb = Superblock {
+        generation: 1,
+        uuid,
+        geometry,
+        device_size: dev.info().size,
+        backing,
+        epoch: 1,
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        default_mode: opts.mode,
+        reclaim: opts.reclaim,
+        clean_shutdown: true,
+    };
+    recover::write_superblock(dev, &sb).map_err(io)?;
+    sb.generation = 2;
+    recover::write_superblock(dev, &sb).map_err(io)?;
+    Ok(sb)
+}
+
+/// What opening a cache found.
+#[derive(Debug, Clone)]
+pub struct OpenReport {
+    pub clean_shutdown: bool,
+    pub checkpoint_number: u64,
+    pub replayed_batches: u64,
+    pub replayed_records: u64,
+    pub recovery_time: Duration,
+    pub cached_blocks: u64,
+    pub dirty_blocks: u64,
+}
+
+/// Where the log writer starts after opening.
+pub(crate) struct LogStart {
+    pub next_seq: u64,
+    pub epoch: u64,
+    pub checkpoint_number: u64,
+}
+
+/// Reads the superblock, checks it belongs to `backing`, recovers, and marks the cache in use
+/// (a new epoch, the clean-shutdown flag cleared). Nothing is written unless every check passes.
+pub(crate) fn open_engine(
+    cache: Arc<dyn BlockDev>,
+    backing: Arc<dyn BlockDev>,
+    identity: &BackingIdentity,
+    mode: Option<Mode>,
+) -> Result<(Arc<Engine>, LogStart, OpenReport), EngineError> {
+    let sb = recover::read_superblock(&*cache)?;
+    if sb.backing != *identity {
+        return Err(EngineError::WrongBacking {
+            expected: sb.backing.clone(),
+            found: identity.clone(),
+        });
+    }
+    if backing.info().size != sb.backing.size {
+        return Err(EngineError::WrongBacking {
+            expected: sb.backing.clone(),
+            found: BackingIdentity {
+                size: backing.info().size,
+                name: identity.name.clone(),
+            },
+        });
+    }
+    if cache.info().read_only {
+        return Err(EngineError::Invalid("the cache device is read-only".into()));
+    }
+    let recovered = recover::recover(&*cache, &sb)?;
+    let geo = sb.geometry;
+
+    // From here on the device changes: repair a torn tail, then start a new epoch.
+    if let Some((offset, header)) = &recovered.truncate_batch {
+        rewrite_header(&*cache, sb.geometry.block_size, *offset, header)
+            .map_err(EngineError::CacheIo)?;
+    }
+    let mut new_sb = sb.clone();
+    new_sb.generation += 1;
+    new_sb.epoch = sb.epoch.max(recovered.epoch) + 1;
+    new_sb.clean_shutdown = false;
+    recover::write_superblock(&*cache, &new_sb).map_err(EngineError::CacheIo)?;
+
+    let report = {
+        let st = &recovered.state;
+        OpenReport {
+            clean_shutdown: sb.clean_shutdown,
+            checkpoint_number: recovered.checkpoint_number,
+            replayed_batches: recovered.replayed_batches,
+            replayed_records: recovered.replayed_records,
+            recovery_time: recovered.elapsed,
+            cached_blocks: st.segs.total_live(),
+            dirty_blocks: st.segs.total_dirty(),
+        }
+    };
+    let atomic_bytes = MAX_ATOMIC_WRITE.min((geo.blocks_per_segment() - 2) * geo.block_size);
+    let engine = Engine {
+        cache,
+        backing,
+        geo,
+        state: RwLock::new(recovered.state),
+        log: Log::default(),
+        guards: Guards::default(),
+        stats: Stats::default(),
+        superblock: Mutex::new(new_sb.clone()),
+        mode: AtomicU8::new(mode.unwrap_or(new_sb.default_mode) as u8),
+        reclaim_policy: AtomicU8::new(new_sb.reclaim as u8),
+        rmw: RwLock::new(()),
+        backing_order: RwLock::new(()),
+        backing_unflushed: AtomicBool::new(false),
+        unflushed_write_through: Mutex::new(Vec::new()),
+        started: Instant::now(),
+        reclaim: Mutex::new(ReclaimControl::default()),
+        reclaim_cv: Condvar::new(),
+        cached_blocks: sb.backing.size / geo.block_size as u64,
+        atomic_bytes,
+    };
+    let start = LogStart {
+        next_seq: recovered.next_seq,
+        epoch: new_sb.epoch,
+        checkpoint_number: recovered.checkpoint_number,
+    };
+    Ok((Arc::new(engine), start, report))
+}
+
+fn rewrite_header(
+    dev: &dyn BlockDev,
+    block_size: u32,
+    offset: u64,
+    header: &BatchHeader,
+) -> std::io::Result<()> {
+    let mut buf = AlignedBuf::zeroed(block_size as usize);
+    header.encode(&mut buf);
+    dev.write_at(&buf, offset, false)?;
+    dev.flush()
+}
+
+/// Marks the cache cleanly shut down (after the final checkpoint).
+pub(crate) fn mark_clean(e: &Engine) -> std::io::Result<()> {
+    let mut sb = e.superblock.lock();
+    sb.generation += 1;
+    sb.clean_shutdown = true;
+    sb.default_mode = e.mode();
+    sb.reclaim = e.reclaim_policy();
+    recover::write_superblock(&*e.cache, &sb)
+}

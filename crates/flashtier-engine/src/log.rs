@@ -1,0 +1,789 @@
+//! The log writer: one thread turns appended records into batches on the cache device.
+//!
+//! Callers append records and (usually) wait; the writer takes everything queued, packs it into
+//! batches (one header block plus the records' data, written with one vectored write), applies
+//! each batch to the index once it is written, and wakes the waiters. A `sync` waits for one
+//! `fdatasync` of the cache device that covers every batch written before it; concurrent syncs
+//! share it (group commit).
+//!
+//! Two queues: *system* records (from reclaim and the cleaner) go first and may use the last
+//! [`RESERVE`] free segments; *client* records (writes, promotions) wait when only the reserve is
+//! left, so reclaim can always make progress. Checkpoints are taken here, between batches, so
+//! their snapshot of the index corresponds to an exact position in the log.
+//!
+//! Errors: a failed batch write fails its waiters and seals the segment over the failed batch, so
+//! recovery never stops in front of later, successful batches; if even that fails, or a sync
+//! fails, the log enters a failed state and refuses further appends and syncs (a failed
+//! `fdatasync` may have lost data, so pretending otherwise would break the durability contract).
+
+use std::collections::VecDeque;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use flashtier_io::AlignedBuf;
+use parking_lot::{Condvar, Mutex};
+
+use crate::engine::Engine;
+use crate::layout::batch::{self, BatchHeader, Entry, Kind};
+use crate::layout::checkpoint::{Checkpoint, CheckpointEntry, LogHead};
+use crate::segments::Head;
+use crate::stats::Stats;
+
+/// Free segments kept back for reclaim's own records.
+pub const RESERVE: usize = 2;
+/// Most data blocks in one batch (2 MiB at 4 KiB blocks).
+const MAX_BATCH_BLOCKS: u32 = 512;
+/// A checkpoint is written at least this often while the log moves, bounding replay time.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(30);
+/// When only records nobody waits for are queued (promotions, reclaim bookkeeping), the writer
+/// waits this long for more to fill the batch: a 4 KiB promotion alone would cost a 4 KiB header
+/// too, halving the cache's capacity (measured: 4082 batches for 4096 promotions, and a working
+/// set of half the cache evicted before it could be read twice). 2 ms still gave only 2.3
+/// promotions per batch behind a slow disk; the price of 20 ms is that a block read again within
+/// 20 ms of its miss misses again.
+const LINGER: Duration = Duration::from_millis(20);
+/// ... but no longer than it takes to gather this many data blocks.
+const LINGER_BLOCKS: u32 = 64;
+
+/// A record to append.
+pub struct Record {
+    pub kind: Kind,
+    pub dirty: bool,
+    pub lba: u64,
+    pub nblocks: u32,
+    pub aux: u64,
+    /// `nblocks` blocks for WRITE, PROMOTE and MOVE.
+    pub data: Option<AlignedBuf>,
+    crc: u32,
+    /// PROMOTE: the guard clock when the backing store was read (see `guards`).
+    pub promote_since: Option<u64>,
+}
+
+impl Record {
+    pub fn new(kind: Kind, lba: u64, nblocks: u32, data: Option<AlignedBuf>) -> Record {
+        // Checksummed on the caller's thread, so many writers share the cost.
+        let crc = data.as_deref().map_or(0, batch::data_crc);
+        Record {
+            kind,
+            dirty: false,
+            lba,
+            nblocks,
+            aux: 0,
+            data,
+            crc,
+            promote_since: None,
+        }
+    }
+
+    pub fn dirty(mut self, dirty: bool) -> Record {
+        self.dirty = dirty;
+        self
+    }
+
+    pub fn aux(mut self, aux: u64) -> Record {
+        self.aux = aux;
+        self
+    }
+
+    fn entry(&self) -> Entry {
+        Entry {
+            kind: self.kind,
+            dirty: self.dirty,
+            lba: self.lba,
+            nblocks: self.nblocks,
+            aux: self.aux,
+            volume: 0,
+            data_crc: self.crc,
+        }
+    }
+
+    fn data_blocks(&self) -> u32 {
+        if self.kind.has_data() {
+            self.nblocks
+        } else {
+            0
+        }
+    }
+}
+
+/// Where an appended record landed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Appended {
+    /// Sequence number (0: a promotion dropped because a write raced with it).
+    pub seq: u64,
+    /// Slot of the record's first data block (u32::MAX for records without data).
+    pub slot: u32,
+}
+
+const DROPPED: Appended = Appended {
+    seq: 0,
+    slot: u32::MAX,
+};
+
+/// Where a caller waits for its record or sync.
+pub struct Waiter {
+    result: Mutex<Option<io::Result<Appended>>>,
+    ready: Condvar,
+}
+
+impl Waiter {
+    fn new() -> Arc<Waiter> {
+        Arc::new(Waiter {
+            result: Mutex::new(None),
+            ready: Condvar::new(),
+        })
+    }
+
+    fn complete(&self, result: io::Result<Appended>) {
+        *self.result.lock() = Some(result);
+        self.ready.notify_one();
+    }
+
+    fn wait(&self) -> io::Result<Appended> {
+        let mut r = self.result.lock();
+        loop {
+            if let Some(result) = r.take() {
+                return result;
+            }
+            self.ready.wait(&mut r);
+        }
+    }
+}
+
+fn complete(w: &Option<Arc<Waiter>>, result: io::Result<Appended>) {
+    if let Some(w) = w {
+        w.complete(result);
+    }
+}
+
+enum Op {
+    Append(Record, Option<Arc<Waiter>>),
+    Sync(Arc<Waiter>),
+    Checkpoint(Option<Arc<Waiter>>),
+}
+
+#[derive(Default)]
+struct Queue {
+    client: VecDeque<Op>,
+    system: VecDeque<Op>,
+    stop: bool,
+    /// Reclaim freed space: blocked client records may proceed.
+    kicked: bool,
+}
+
+/// The handle callers use; the writer thread owns the rest.
+#[derive(Default)]
+pub struct Log {
+    queue: Mutex<Queue>,
+    work: Condvar,
+    failed: AtomicBool,
+    /// Sequence number of the last record applied (0: none yet).
+    pub applied_seq: AtomicU64,
+    /// Promotion data queued but not yet written, to bound memory.
+    pub queued_promotion_bytes: AtomicU64,
+}
+
+impl Log {
+    fn push(&self, system: bool, op: Op) {
+        let mut q = self.queue.lock();
+        if q.stop {
+            drop(q);
+            let closed = || io::Error::from_raw_os_error(libc::ESHUTDOWN);
+            match op {
+                Op::Append(_, w) | Op::Checkpoint(w) => complete(&w, Err(closed())),
+                Op::Sync(w) => w.complete(Err(closed())),
+            }
+            return;
+        }
+        if system {
+            q.system.push_back(op);
+        } else {
+            q.client.push_back(op);
+        }
+        drop(q);
+        self.work.notify_one();
+    }
+
+    fn check_failed(&self) -> io::Result<()> {
+        if self.failed.load(Ordering::Acquire) {
+            return Err(io::Error::other(
+                "the cache device failed earlier; the cache refuses writes until restarted",
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    /// Appends a record and waits until it is written and applied.
+    pub fn append(&self, rec: Record, system: bool) -> io::Result<Appended> {
+        self.check_failed()?;
+        let w = Waiter::new();
+        self.push(system, Op::Append(rec, Some(w.clone())));
+        w.wait()
+    }
+
+    /// Appends a record without waiting for it.
+    pub fn append_async(&self, rec: Record, system: bool) {
+        if self.failed() {
+            return;
+        }
+        self.push(system, Op::Append(rec, None));
+    }
+
+    /// Waits until everything appended before this call is durable on the cache device.
+    pub fn sync(&self, system: bool) -> io::Result<()> {
+        self.check_failed()?;
+        let w = Waiter::new();
+        self.push(system, Op::Sync(w.clone()));
+        w.wait().map(drop)
+    }
+
+    /// Writes a checkpoint (after making the log durable) and waits for it.
+    pub fn checkpoint(&self) -> io::Result<()> {
+        self.check_failed()?;
+        let w = Waiter::new();
+        self.push(true, Op::Checkpoint(Some(w.clone())));
+        w.wait().map(drop)
+    }
+
+    pub fn request_checkpoint(&self) {
+        self.push(true, Op::Checkpoint(None));
+    }
+
+    /// Tells the writer that free segments may have appeared.
+    pub fn kick(&self) {
+        self.queue.lock().kicked = true;
+        self.work.notify_one();
+    }
+
+    /// Asks the writer to finish what is queued and exit.
+    pub fn stop(&self) {
+        self.queue.lock().stop = true;
+        self.work.notify_one();
+    }
+}
+
+/// The writer thread's state.
+pub struct Writer {
+    e: Arc<Engine>,
+    next_seq: u64,
+    epoch: u64,
+    checkpoint_number: u64,
+    header: AlignedBuf,
+    client_pending: VecDeque<Op>,
+    client_blocked: bool,
+    last_checkpoint: Instant,
+    checkpointed_seq: u64,
+}
+
+/// Why a batch could not be placed.
+enum NoSpace {
+    /// Only the reserve is left: client records wait for reclaim.
+    Blocked,
+    Failed(io::Error),
+}
+
+struct Batch {
+    recs: Vec<(Record, Option<Arc<Waiter>>)>,
+    data_blocks: u32,
+}
+
+impl Batch {
+    fn new() -> Batch {
+        Batch {
+            recs: Vec::new(),
+            data_blocks: 0,
+        }
+    }
+
+    fn fits(&self, rec: &Record, max_blocks: u32) -> bool {
+        self.recs.len() < batch::MAX_ENTRIES && self.data_blocks + rec.data_blocks() <= max_blocks
+    }
+}
+
+impl Writer {
+    pub fn new(e: Arc<Engine>, next_seq: u64, epoch: u64, checkpoint_number: u64) -> Writer {
+        let bs = e.geo.block_size as usize;
+        Writer {
+            e,
+            next_seq,
+            epoch,
+            checkpoint_number,
+            header: AlignedBuf::zeroed(bs),
+            client_pending: VecDeque::new(),
+            client_blocked: false,
+            last_checkpoint: Instant::now(),
+            checkpointed_seq: next_seq,
+        }
+    }
+
+    pub fn spawn(self) -> std::thread::JoinHandle<()> {
+        std::thread::Builder::new()
+            .name("log-writer".into())
+            .spawn(move || self.run())
+            .expect("cannot spawn the log writer")
+    }
+
+    fn log(&self) -> &Log {
+        &self.e.log
+    }
+
+    fn run(mut self) {
+        loop {
+            let (system, stop) = {
+                let log = &self.e.log;
+                let mut q = log.queue.lock();
+                loop {
+                    if q.kicked {
+                        q.kicked = false;
+                        self.client_blocked = false;
+                    }
+                    let client_ready = !self.client_blocked
+                        && (!q.client.is_empty() || !self.client_pending.is_empty());
+                    if !q.system.is_empty() || client_ready || q.stop {
+                        break;
+                    }
+                    if self.checkpoint_due() {
+                        q.system.push_back(Op::Checkpoint(None));
+                        break;
+                    }
+                    log.work.wait_for(&mut q, Duration::from_secs(1));
+                }
+                if !q.stop && only_unawaited(&q, &self.client_pending) {
+                    let deadline = Instant::now() + LINGER;
+                    while !q.stop
+                        && only_unawaited(&q, &self.client_pending)
+                        && unawaited_blocks(&q) < LINGER_BLOCKS
+                        && !log.work.wait_until(&mut q, deadline).timed_out()
+                    {}
+                }
+                self.client_pending.extend(q.client.drain(..));
+                (q.system.drain(..).collect::<Vec<_>>(), q.stop)
+            };
+            let mut wants_sync = Vec::new();
+            let mut wants_checkpoint = Vec::new();
+            self.process(system, true, &mut wants_sync, &mut wants_checkpoint);
+            if !self.client_blocked {
+                let client: Vec<Op> = self.client_pending.drain(..).collect();
+                self.process(client, false, &mut wants_sync, &mut wants_checkpoint);
+            } else {
+                // Syncs never wait behind blocked records: they only promise durability for
+                // records already acknowledged, and blocked ones are not.
+                let (syncs, rest): (Vec<Op>, Vec<Op>) = self
+                    .client_pending
+                    .drain(..)
+                    .partition(|op| matches!(op, Op::Sync(_)));
+                self.client_pending = rest.into();
+                self.process(syncs, false, &mut wants_sync, &mut wants_checkpoint);
+            }
+            if !wants_sync.is_empty() || !wants_checkpoint.is_empty() {
+                let result = self.sync_device();
+                for w in &wants_sync {
+                    w.complete(result.as_ref().map(|_| DROPPED).map_err(clone_err));
+                }
+            }
+            for w in wants_checkpoint {
+                let result = self.write_checkpoint();
+                if let Err(e) = &result {
+                    tracing::error!(error = %e, "checkpoint failed");
+                }
+                complete(&w, result.map(|()| DROPPED));
+            }
+            if stop {
+                // Records still waiting for space when the cache closes will not get it.
+                let leftover: Vec<Op> = self.client_pending.drain(..).collect();
+                for op in leftover {
+                    let closed = Err(io::Error::from_raw_os_error(libc::ESHUTDOWN));
+                    match op {
+                        Op::Append(r, w) => {
+                            self.release_promotion(&r);
+                            complete(&w, closed);
+                        }
+                        Op::Sync(w) => w.complete(closed),
+                        Op::Checkpoint(w) => complete(&w, closed),
+                    }
+                }
+                let q = self.e.log.queue.lock();
+                if q.client.is_empty() && q.system.is_empty() {
+                    return;
+                }
+            }
+        }
+    }
+
+    fn checkpoint_due(&self) -> bool {
+        self.next_seq != self.checkpointed_seq
+            && self.last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL
+            && !self.log().failed()
+    }
+
+    /// Runs ops in order: appends are packed into batches; syncs and checkpoints are collected
+    /// for the end of the round. Leaves blocked client ops in `client_pending`.
+    fn process(
+        &mut self,
+        ops: Vec<Op>,
+        system: bool,
+        wants_sync: &mut Vec<Arc<Waiter>>,
+        wants_checkpoint: &mut Vec<Option<Arc<Waiter>>>,
+    ) {
+        let max_blocks = MAX_BATCH_BLOCKS.min(self.e.geo.blocks_per_segment() - 1);
+        let mut batch = Batch::new();
+        let mut ops = ops.into_iter();
+        while let Some(op) = ops.next() {
+            match op {
+                Op::Append(rec, w) => {
+                    if self.log().failed() {
+                        complete(&w, self.log().check_failed().map(|()| DROPPED));
+                        continue;
+                    }
+                    if !self.promotion_still_safe(&rec) {
+                        Stats::add(&self.e.stats.promotions_dropped, 1);
+                        self.release_promotion(&rec);
+                        complete(&w, Ok(DROPPED));
+                        continue;
+                    }
+                    if !batch.fits(&rec, max_blocks) {
+                        let full = std::mem::replace(&mut batch, Batch::new());
+                        if let Err(blocked) = self.write_batch(full, system) {
+                            self.requeue_blocked(blocked, Some((rec, w)), ops, system);
+                            return;
+                        }
+                    }
+                    batch.data_blocks += rec.data_blocks();
+                    batch.recs.push((rec, w));
+                }
+                Op::Sync(w) => wants_sync.push(w),
+                Op::Checkpoint(w) => wants_checkpoint.push(w),
+            }
+        }
+        if !batch.recs.is_empty() {
+            if let Err(blocked) = self.write_batch(batch, system) {
+                self.requeue_blocked(blocked, None, Vec::new().into_iter(), system);
+            }
+        }
+    }
+
+    /// A client batch found only the reserve left: put it (and everything after it) back at the
+    /// front of the pending client ops and wait for reclaim.
+    fn requeue_blocked(
+        &mut self,
+        blocked: Batch,
+        next: Option<(Record, Option<Arc<Waiter>>)>,
+        rest: impl Iterator<Item = Op>,
+        system: bool,
+    ) {
+        debug_assert!(!system, "system batches may use the reserve");
+        let mut front: VecDeque<Op> = blocked
+            .recs
+            .into_iter()
+            .map(|(r, w)| Op::Append(r, w))
+            .collect();
+        if let Some((r, w)) = next {
+            front.push_back(Op::Append(r, w));
+        }
+        front.extend(rest);
+        front.extend(self.client_pending.drain(..));
+        self.client_pending = front;
+        self.client_blocked = true;
+        self.e.wake_reclaim();
+    }
+
+    fn promotion_still_safe(&self, rec: &Record) -> bool {
+        match rec.promote_since {
+            Some(since) => self
+                .e
+                .guards
+                .promotion_safe(rec.lba, rec.nblocks as u64, since),
+            None => true,
+        }
+    }
+
+    fn release_promotion(&self, rec: &Record) {
+        if rec.kind == Kind::Promote {
+            let bytes = rec.nblocks as u64 * self.e.geo.block_size as u64;
+            self.log()
+                .queued_promotion_bytes
+                .fetch_sub(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Writes a batch, applies it, and completes its waiters. `Err(batch)` hands a client batch
+    /// back when only the reserve is left.
+    fn write_batch(&mut self, batch: Batch, system: bool) -> Result<(), Batch> {
+        let needed = 1 + batch.data_blocks;
+        let head = match self.place(needed, system) {
+            Ok(h) => h,
+            Err(NoSpace::Blocked) if !system => return Err(batch),
+            Err(NoSpace::Blocked) => {
+                // Reclaim itself ran out of room: its records fail (and it retries once a
+                // checkpoint has freed what it emptied); the log stays healthy.
+                tracing::debug!("no free segment for reclaim's records");
+                for (r, w) in &batch.recs {
+                    self.release_promotion(r);
+                    complete(w, Err(io::Error::from_raw_os_error(libc::ENOSPC)));
+                }
+                return Ok(());
+            }
+            Err(NoSpace::Failed(e)) => {
+                for (r, w) in &batch.recs {
+                    self.release_promotion(r);
+                    complete(w, Err(clone_err(&e)));
+                }
+                return Ok(());
+            }
+        };
+        let geo = self.e.geo;
+        let header = BatchHeader {
+            seq_first: self.next_seq,
+            epoch: self.epoch,
+            seal: false,
+            entries: batch.recs.iter().map(|(r, _)| r.entry()).collect(),
+        };
+        header.encode(&mut self.header);
+        let first_slot = geo.first_slot(head.segment) + head.used;
+        let mut iov: Vec<&[u8]> = Vec::with_capacity(1 + batch.recs.len());
+        iov.push(&self.header);
+        for (r, _) in &batch.recs {
+            if let Some(d) = &r.data {
+                iov.push(d);
+            }
+        }
+        let written = self
+            .e
+            .cache
+            .write_vectored_at(&iov, geo.slot_offset(first_slot));
+        drop(iov);
+        if let Err(e) = written {
+            Stats::add(&self.e.stats.cache_errors, 1);
+            tracing::error!(error = %e, segment = head.segment, "cache device write failed");
+            self.abandon_segment_after_failure(head);
+            for (r, w) in &batch.recs {
+                self.release_promotion(r);
+                complete(w, Err(clone_err(&e)));
+            }
+            return Ok(());
+        }
+        let bytes = needed as u64 * geo.block_size as u64;
+        Stats::add(&self.e.stats.cache_write_bytes, bytes);
+        Stats::add(&self.e.stats.batches, 1);
+        Stats::add(&self.e.stats.records, batch.recs.len() as u64);
+        {
+            let mut st = self.e.state.write();
+            let mut slot = first_slot + 1;
+            for (r, _) in &batch.recs {
+                st.apply(&r.entry(), slot);
+                slot += r.data_blocks();
+            }
+            if let Some(h) = st.segs.head.as_mut() {
+                h.used += needed;
+            }
+        }
+        let first_seq = self.next_seq;
+        self.next_seq += batch.recs.len() as u64;
+        self.log()
+            .applied_seq
+            .store(self.next_seq - 1, Ordering::Release);
+        let mut slot = first_slot + 1;
+        for (i, (r, w)) in batch.recs.iter().enumerate() {
+            if r.kind == Kind::Promote {
+                Stats::add(&self.e.stats.promoted_blocks, r.nblocks as u64);
+                self.release_promotion(r);
+            }
+            let appended = Appended {
+                seq: first_seq + i as u64,
+                slot: if r.data_blocks() > 0 { slot } else { u32::MAX },
+            };
+            slot += r.data_blocks();
+            complete(w, Ok(appended));
+        }
+        Ok(())
+    }
+
+    /// Finds room for `needed` blocks at the log head, sealing the open segment (so recovery
+    /// knows the log went on elsewhere) and opening the next free one if it does not fit.
+    fn place(&mut self, needed: u32, system: bool) -> Result<Head, NoSpace> {
+        let bps = self.e.geo.blocks_per_segment();
+        loop {
+            let head = self.e.state.read().segs.head;
+            match head {
+                // Whatever is left after a batch (if anything) can always hold a seal.
+                Some(h) if h.used + needed <= bps => return Ok(h),
+                Some(h) => {
+                    if h.used < bps {
+                        self.write_seal(h).map_err(NoSpace::Failed)?;
+                    }
+                    self.e.state.write().segs.seal_head();
+                }
+                None => {}
+            }
+            let mut st = self.e.state.write();
+            if !system && st.segs.free_count() <= RESERVE {
+                return Err(NoSpace::Blocked);
+            }
+            if st.segs.open_next(self.next_seq).is_none() {
+                return Err(NoSpace::Blocked);
+            }
+            let free = st.segs.free_count();
+            drop(st);
+            if free <= self.e.reclaim_low_water() {
+                self.e.wake_reclaim();
+            }
+        }
+    }
+
+    fn write_seal(&mut self, h: Head) -> io::Result<()> {
+        BatchHeader {
+            seq_first: self.next_seq,
+            epoch: self.epoch,
+            seal: true,
+            entries: Vec::new(),
+        }
+        .encode(&mut self.header);
+        let slot = self.e.geo.first_slot(h.segment) + h.used;
+        let result = self
+            .e
+            .cache
+            .write_at(&self.header, self.e.geo.slot_offset(slot), false);
+        match &result {
+            Ok(()) => Stats::add(&self.e.stats.cache_write_bytes, self.header.len() as u64),
+            Err(e) => {
+                Stats::add(&self.e.stats.cache_errors, 1);
+                self.fail(&format!("cannot seal segment {}: {e}", h.segment));
+            }
+        }
+        result
+    }
+
+    /// After a failed batch write the space may hold a torn batch that would stop recovery in
+    /// front of everything written later; seal over it and move on to the next segment.
+    fn abandon_segment_after_failure(&mut self, head: Head) {
+        if self.write_seal(head).is_ok() {
+            self.e.state.write().segs.seal_head();
+        }
+    }
+
+    fn fail(&self, why: &str) {
+        if !self.log().failed.swap(true, Ordering::AcqRel) {
+            tracing::error!("cache log failed: {why}; writes and flushes now fail with EIO");
+        }
+    }
+
+    fn sync_device(&mut self) -> io::Result<()> {
+        self.log().check_failed()?;
+        let result = self.e.cache.flush();
+        Stats::add(&self.e.stats.cache_syncs, 1);
+        if let Err(e) = &result {
+            Stats::add(&self.e.stats.cache_errors, 1);
+            self.fail(&format!("cache device sync failed: {e}"));
+        }
+        result
+    }
+
+    /// Snapshot the index and log position, write them to the next checkpoint slot, and free the
+    /// segments that were waiting for a checkpoint.
+    fn write_checkpoint(&mut self) -> io::Result<()> {
+        self.log().check_failed()?;
+        // The snapshot may only reference records that are durable.
+        self.sync_device()?;
+        let geo = self.e.geo;
+        let number = self.checkpoint_number + 1;
+        let (ckpt, quarantined) = {
+            let st = self.e.state.read();
+            let entries: Vec<CheckpointEntry> = st
+                .index
+                .slots_in(0, geo.slot_count())
+                .map(|(slot, info)| CheckpointEntry {
+                    slot,
+                    lba: info.lba,
+                    dirty: info.dirty,
+                })
+                .collect();
+            let ckpt = Checkpoint {
+                number,
+                next_seq: self.next_seq,
+                epoch: self.epoch,
+                open: st.segs.head.map(|h| LogHead {
+                    segment: h.segment,
+                    used: h.used,
+                }),
+                free: st.segs.free_order_after_checkpoint(),
+                entries,
+            };
+            (ckpt, st.segs.quarantined_count())
+        };
+        let bytes = ckpt.encode();
+        if bytes.len() as u64 > geo.checkpoint_slot_size {
+            self.fail("checkpoint does not fit its slot");
+            return Err(io::Error::other("checkpoint does not fit its slot"));
+        }
+        let mut buf = AlignedBuf::zeroed(bytes.len());
+        buf.copy_from_slice(&bytes);
+        let offset = geo.checkpoint_slot_offset((number % 2) as u32);
+        if let Err(e) = self.e.cache.write_at(&buf, offset, false) {
+            Stats::add(&self.e.stats.cache_errors, 1);
+            self.fail(&format!("checkpoint write failed: {e}"));
+            return Err(e);
+        }
+        Stats::add(&self.e.stats.cache_write_bytes, buf.len() as u64);
+        self.sync_device()?;
+        self.checkpoint_number = number;
+        self.checkpointed_seq = self.next_seq;
+        self.last_checkpoint = Instant::now();
+        Stats::add(&self.e.stats.checkpoints, 1);
+        let released = self.e.state.write().segs.release(quarantined);
+        if !released.is_empty() {
+            self.wait_for_readers(&released);
+            self.client_blocked = false;
+        }
+        tracing::debug!(
+            number,
+            entries = ckpt.entries.len(),
+            released = released.len(),
+            "checkpoint"
+        );
+        Ok(())
+    }
+
+    /// Reads that found a block in a segment before it was emptied may still be running; its
+    /// slots are rewritten only once they finish.
+    fn wait_for_readers(&self, segments: &[u32]) {
+        let st = self.e.state.read();
+        for &s in segments {
+            while st.segs.readers(s) > 0 {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
+    }
+}
+
+/// True when every queued op is an append nobody waits for.
+fn only_unawaited(q: &Queue, pending: &VecDeque<Op>) -> bool {
+    q.system
+        .iter()
+        .chain(&q.client)
+        .chain(pending)
+        .all(|op| matches!(op, Op::Append(_, None)))
+}
+
+fn unawaited_blocks(q: &Queue) -> u32 {
+    q.system
+        .iter()
+        .chain(&q.client)
+        .map(|op| match op {
+            Op::Append(r, _) => r.data_blocks(),
+            _ => 0,
+        })
+        .sum()
+}
+
+fn clone_err(e: &io::Error) -> io::Error {
+    match e.raw_os_error() {
+        Some(code) => io::Error::from_raw_os_error(code),
+        None => io::Error::new(e.kind(), e.to_string()),
+    }
+}

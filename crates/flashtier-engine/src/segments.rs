@@ -1,0 +1,281 @@
+//! Segment bookkeeping: which segments are free, which one the log is filling, how many live and
+//! dirty blocks each holds, and which reclaim has emptied but may not reuse yet.
+//!
+//! A segment reclaim has emptied is *quarantined* until the next checkpoint is durable: the last
+//! checkpoint may still map blocks into it (evictions are not logged), so its contents must stay
+//! intact until a checkpoint that no longer references it has been written. Quarantined segments
+//! then join the end of the free list, in the order the next checkpoint records, which is what
+//! lets recovery follow the log from segment to segment without scanning.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::policy::ReclaimPolicy;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SegState {
+    Free,
+    /// The log is appending to it.
+    Open,
+    /// Full (or sealed early); holds live data until reclaimed.
+    Sealed,
+    /// Emptied by reclaim; free once the next checkpoint is durable.
+    Quarantined,
+}
+
+/// The log's write position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head {
+    pub segment: u32,
+    /// Blocks of the segment written so far.
+    pub used: u32,
+}
+
+pub struct Segments {
+    blocks_per_segment: u32,
+    state: Vec<SegState>,
+    live: Vec<u32>,
+    dirty: Vec<u32>,
+    /// Sequence number of the first record written to the segment: FIFO age.
+    opened_seq: Vec<u64>,
+    /// Coarse time of the last read hit (seconds of engine uptime): LRU age.
+    last_access: Vec<AtomicU32>,
+    /// Reads of the segment's slots in flight; a quarantined segment is reused only at zero.
+    readers: Vec<AtomicU32>,
+    free: VecDeque<u32>,
+    quarantine: Vec<u32>,
+    pub head: Option<Head>,
+}
+
+impl Segments {
+    /// All segments free, in order.
+    pub fn new(count: u32, blocks_per_segment: u32) -> Segments {
+        Segments::with_free(count, blocks_per_segment, (0..count).collect())
+    }
+
+    /// Segments in `free` are free in that order; the others start sealed (their live counts come
+    /// from the index as it is rebuilt).
+    pub fn with_free(count: u32, blocks_per_segment: u32, free: Vec<u32>) -> Segments {
+        let n = count as usize;
+        let mut state = vec![SegState::Sealed; n];
+        for &s in &free {
+            state[s as usize] = SegState::Free;
+        }
+        Segments {
+            blocks_per_segment,
+            state,
+            live: vec![0; n],
+            dirty: vec![0; n],
+            opened_seq: vec![0; n],
+            last_access: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            readers: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            free: free.into(),
+            quarantine: Vec::new(),
+            head: None,
+        }
+    }
+
+    pub fn count(&self) -> u32 {
+        self.state.len() as u32
+    }
+
+    pub fn blocks_per_segment(&self) -> u32 {
+        self.blocks_per_segment
+    }
+
+    pub fn state(&self, seg: u32) -> SegState {
+        self.state[seg as usize]
+    }
+
+    pub fn free_count(&self) -> usize {
+        self.free.len()
+    }
+
+    pub fn quarantined_count(&self) -> usize {
+        self.quarantine.len()
+    }
+
+    pub fn live(&self, seg: u32) -> u32 {
+        self.live[seg as usize]
+    }
+
+    pub fn dirty(&self, seg: u32) -> u32 {
+        self.dirty[seg as usize]
+    }
+
+    pub fn total_dirty(&self) -> u64 {
+        self.dirty.iter().map(|&d| d as u64).sum()
+    }
+
+    pub fn total_live(&self) -> u64 {
+        self.live.iter().map(|&d| d as u64).sum()
+    }
+
+    /// The free list in allocation order, followed by the quarantined segments: the order the log
+    /// will take segments in once the checkpoint being written is durable.
+    pub fn free_order_after_checkpoint(&self) -> Vec<u32> {
+        self.free.iter().chain(&self.quarantine).copied().collect()
+    }
+
+    fn seg_of(&self, slot: u32) -> usize {
+        (slot / self.blocks_per_segment) as usize
+    }
+
+    /// A slot gained a live block.
+    pub fn on_map(&mut self, slot: u32, dirty: bool) {
+        let s = self.seg_of(slot);
+        self.live[s] += 1;
+        if dirty {
+            self.dirty[s] += 1;
+        }
+    }
+
+    /// A slot lost its live block.
+    pub fn on_unmap(&mut self, slot: u32, dirty: bool) {
+        let s = self.seg_of(slot);
+        debug_assert!(self.live[s] > 0, "live count underflow in segment {s}");
+        self.live[s] = self.live[s].saturating_sub(1);
+        if dirty {
+            debug_assert!(self.dirty[s] > 0, "dirty count underflow in segment {s}");
+            self.dirty[s] = self.dirty[s].saturating_sub(1);
+        }
+    }
+
+    /// A live block became clean.
+    pub fn on_clean(&mut self, slot: u32) {
+        let s = self.seg_of(slot);
+        debug_assert!(self.dirty[s] > 0, "dirty count underflow in segment {s}");
+        self.dirty[s] = self.dirty[s].saturating_sub(1);
+    }
+
+    /// Restores the log head from a checkpoint.
+    pub fn set_head(&mut self, head: Head) {
+        self.state[head.segment as usize] = SegState::Open;
+        self.head = Some(head);
+    }
+
+    /// Takes the next free segment for the log, if any.
+    pub fn open_next(&mut self, first_seq: u64) -> Option<u32> {
+        let seg = self.free.pop_front()?;
+        debug_assert_eq!(self.state[seg as usize], SegState::Free);
+        self.state[seg as usize] = SegState::Open;
+        self.opened_seq[seg as usize] = first_seq;
+        self.head = Some(Head {
+            segment: seg,
+            used: 0,
+        });
+        Some(seg)
+    }
+
+    /// The log left the open segment.
+    pub fn seal_head(&mut self) {
+        if let Some(h) = self.head.take() {
+            self.state[h.segment as usize] = SegState::Sealed;
+        }
+    }
+
+    /// Marks a sealed segment emptied by reclaim.
+    pub fn quarantine(&mut self, seg: u32) {
+        debug_assert_eq!(self.state[seg as usize], SegState::Sealed);
+        debug_assert_eq!(
+            self.live[seg as usize], 0,
+            "quarantining a segment with live data"
+        );
+        self.state[seg as usize] = SegState::Quarantined;
+        self.quarantine.push(seg);
+    }
+
+    /// After a checkpoint is durable: the segments quarantined before it became free. Returns them
+    /// so the caller can wait for in-flight reads of them to finish before they are overwritten.
+    pub fn release(&mut self, upto: usize) -> Vec<u32> {
+        let released: Vec<u32> = self
+            .quarantine
+            .drain(..upto.min(self.quarantine.len()))
+            .collect();
+        for &s in &released {
+            self.state[s as usize] = SegState::Free;
+            self.free.push_back(s);
+        }
+        released
+    }
+
+    pub fn note_access(&self, seg: u32, now: u32) {
+        self.last_access[seg as usize].store(now, Ordering::Relaxed);
+    }
+
+    pub fn reader_enter(&self, seg: u32) {
+        self.readers[seg as usize].fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub fn reader_exit(&self, seg: u32) {
+        self.readers[seg as usize].fetch_sub(1, Ordering::AcqRel);
+    }
+
+    pub fn readers(&self, seg: u32) -> u32 {
+        self.readers[seg as usize].load(Ordering::Acquire)
+    }
+
+    /// The sealed segment reclaim should empty next: one without live blocks if there is one
+    /// (free to take), else the oldest (FIFO) or least recently read (LRU).
+    pub fn pick_victim(&self, policy: ReclaimPolicy) -> Option<u32> {
+        let sealed = (0..self.count()).filter(|&s| self.state[s as usize] == SegState::Sealed);
+        if let Some(empty) = sealed.clone().find(|&s| self.live[s as usize] == 0) {
+            return Some(empty);
+        }
+        match policy {
+            ReclaimPolicy::Fifo => sealed.min_by_key(|&s| self.opened_seq[s as usize]),
+            ReclaimPolicy::Lru => sealed.min_by_key(|&s| {
+                (
+                    self.last_access[s as usize].load(Ordering::Relaxed),
+                    self.opened_seq[s as usize],
+                )
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lifecycle_free_open_sealed_quarantined_free() {
+        let mut s = Segments::new(4, 16);
+        assert_eq!(s.free_count(), 4);
+        assert_eq!(s.open_next(10), Some(0));
+        assert_eq!(s.state(0), SegState::Open);
+        s.on_map(3, true);
+        s.on_map(4, false);
+        assert_eq!((s.live(0), s.dirty(0)), (2, 1));
+        s.on_clean(3);
+        s.on_unmap(3, false);
+        s.on_unmap(4, false);
+        s.seal_head();
+        assert_eq!(s.state(0), SegState::Sealed);
+        assert_eq!(s.pick_victim(ReclaimPolicy::Fifo), Some(0));
+        s.quarantine(0);
+        assert_eq!(s.free_order_after_checkpoint(), vec![1, 2, 3, 0]);
+        assert_eq!(s.release(usize::MAX), vec![0]);
+        assert_eq!(s.state(0), SegState::Free);
+        assert_eq!(s.free_count(), 4);
+    }
+
+    #[test]
+    fn victims_follow_the_policy_but_empty_segments_come_first() {
+        let mut s = Segments::new(3, 16);
+        for seq in [100, 50, 75] {
+            let seg = s.open_next(seq).unwrap();
+            s.on_map(seg * 16, false);
+            s.seal_head();
+        }
+        assert_eq!(s.pick_victim(ReclaimPolicy::Fifo), Some(1));
+        s.note_access(1, 9);
+        s.note_access(2, 5);
+        s.note_access(0, 7);
+        assert_eq!(s.pick_victim(ReclaimPolicy::Lru), Some(2));
+        s.on_unmap(32, false);
+        assert_eq!(s.pick_victim(ReclaimPolicy::Lru), Some(2));
+        s.on_unmap(0, false);
+        assert_eq!(s.pick_victim(ReclaimPolicy::Fifo), Some(0), "empty first");
+    }
+}

@@ -1,0 +1,93 @@
+//! Engine counters: relaxed atomics bumped on the I/O paths, read as a consistent-enough snapshot.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+macro_rules! counters {
+    ($($(#[$doc:meta])* $name:ident),* $(,)?) => {
+        /// Live counters.
+        #[derive(Default)]
+        pub struct Stats {
+            $($(#[$doc])* pub $name: AtomicU64,)*
+        }
+
+        /// A copy of the counters at one moment.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct StatsSnapshot {
+            $($(#[$doc])* pub $name: u64,)*
+        }
+
+        impl Stats {
+            pub fn snapshot(&self) -> StatsSnapshot {
+                StatsSnapshot {
+                    $($name: self.$name.load(Ordering::Relaxed),)*
+                }
+            }
+        }
+
+        impl StatsSnapshot {
+            /// `(name, value)` for every counter, for tables and machine-readable output.
+            pub fn fields(&self) -> Vec<(&'static str, u64)> {
+                vec![$((stringify!($name), self.$name),)*]
+            }
+        }
+    };
+}
+
+counters! {
+    /// Client read requests.
+    reads,
+    /// Blocks read that were in the cache.
+    read_hit_blocks,
+    /// Blocks read from the backing store because they were not cached.
+    read_miss_blocks,
+    /// Client write requests.
+    writes,
+    /// Blocks written by clients.
+    write_blocks,
+    /// Written blocks that replaced a cached version.
+    write_hit_blocks,
+    /// Blocks cached after a read miss.
+    promoted_blocks,
+    /// Promotions dropped because a write raced with them.
+    promotions_dropped,
+    /// Clean blocks dropped by reclaim.
+    evicted_blocks,
+    /// Blocks copied forward by reclaim (recently read, or dirty).
+    moved_blocks,
+    /// Segments reclaim emptied.
+    reclaimed_segments,
+    /// Dirty blocks written back to the backing store.
+    cleaned_blocks,
+    /// Writes to the backing store by the cleaner (after coalescing).
+    cleaner_writes,
+    /// Log batches written to the cache device.
+    batches,
+    /// Records in those batches.
+    records,
+    /// Bytes written to the cache device (log, checkpoints, superblocks).
+    cache_write_bytes,
+    /// Bytes read from the cache device.
+    cache_read_bytes,
+    /// Syncs of the cache device.
+    cache_syncs,
+    /// Checkpoints written.
+    checkpoints,
+    /// Bytes read from the backing store.
+    backing_read_bytes,
+    /// Bytes written to the backing store.
+    backing_write_bytes,
+    /// Flushes of the backing store.
+    backing_flushes,
+    /// Client FLUSH requests.
+    flushes,
+    /// I/O errors from the cache device.
+    cache_errors,
+    /// I/O errors from the backing store.
+    backing_errors,
+}
+
+impl Stats {
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,150 @@
+use std::sync::Arc;
+
+use flashtier_engine::{format, BackingIdentity, Cache, FormatOptions, Mode};
+use flashtier_io::{BlockDev, MemDev};
+
+fn ident(size: u64) -> BackingIdentity {
+    BackingIdentity {
+        size,
+        name: "mem".into(),
+    }
+}
+
+#[test]
+fn write_read_close_reopen_crash_recover() {
+    let cache_dev: Arc<dyn BlockDev> = Arc::new(MemDev::new(16 << 20));
+    let backing: Arc<dyn BlockDev> = Arc::new(MemDev::new(64 << 20));
+    let opts = FormatOptions {
+        segment_size: 256 << 10,
+        ..Default::default()
+    };
+    format(&*cache_dev, ident(64 << 20), opts).unwrap();
+    let c = Cache::open(cache_dev.clone(), backing.clone(), &ident(64 << 20), None).unwrap();
+    assert_eq!(c.mode(), Mode::WriteBack);
+    let data: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8).collect();
+    c.write_at(&data, 4096 * 10, false).unwrap();
+    c.write_at(b"hello", 12345, true).unwrap();
+    let mut out = vec![0u8; 65536];
+    c.read_at(&mut out, 4096 * 10).unwrap();
+    assert_eq!(out, data);
+    let st = c.status();
+    assert!(st.dirty_blocks >= 16, "{st:?}");
+    c.close().unwrap();
+
+    let c = Cache::open(cache_dev.clone(), backing.clone(), &ident(64 << 20), None).unwrap();
+    assert!(c.report().clean_shutdown);
+    let mut out = vec![0u8; 65536];
+    c.read_at(&mut out, 4096 * 10).unwrap();
+    assert_eq!(out, data);
+    let mut h = [0u8; 5];
+    c.read_at(&mut h, 12345).unwrap();
+    assert_eq!(&h, b"hello");
+    c.write_at(&[7u8; 8192], 0, false).unwrap();
+    c.flush().unwrap();
+    drop(c); // no close: like a crash after the flush
+
+    let c = Cache::open(cache_dev.clone(), backing.clone(), &ident(64 << 20), None).unwrap();
+    assert!(!c.report().clean_shutdown);
+    assert!(c.report().replayed_records >= 1, "{:?}", c.report());
+    let mut z = [0u8; 8192];
+    c.read_at(&mut z, 0).unwrap();
+    assert_eq!(z, [7u8; 8192]);
+    // Write everything back: the backing store alone must hold it.
+    c.write_back_all().unwrap();
+    let mut b = vec![0u8; 65536];
+    backing.read_at(&mut b, 4096 * 10).unwrap();
+    assert_eq!(b, data);
+    c.close().unwrap();
+}
+
+#[test]
+fn fills_the_cache_and_reclaims() {
+    let cache_dev: Arc<dyn BlockDev> = Arc::new(MemDev::new(8 << 20));
+    let backing: Arc<dyn BlockDev> = Arc::new(MemDev::new(64 << 20));
+    let opts = FormatOptions {
+        segment_size: 256 << 10,
+        ..Default::default()
+    };
+    format(&*cache_dev, ident(64 << 20), opts).unwrap();
+    let c = Cache::open(cache_dev.clone(), backing.clone(), &ident(64 << 20), None).unwrap();
+    // Write 32 MiB through an 8 MiB cache: reclaim must clean and evict.
+    for i in 0..(32u64 << 20) / 65536 {
+        let buf = vec![(i % 256) as u8; 65536];
+        c.write_at(&buf, i * 65536, false).unwrap();
+    }
+    for i in 0..(32u64 << 20) / 65536 {
+        let mut buf = vec![0u8; 65536];
+        c.read_at(&mut buf, i * 65536).unwrap();
+        assert!(buf.iter().all(|&b| b == (i % 256) as u8), "chunk {i}");
+    }
+    let s = c.stats();
+    assert!(s.reclaimed_segments > 0 && s.cleaned_blocks > 0, "{s:?}");
+    c.close().unwrap();
+}
+
+#[test]
+fn read_misses_are_promoted_and_then_hit() {
+    let cache_dev: Arc<dyn BlockDev> = Arc::new(MemDev::new(16 << 20));
+    let backing: Arc<dyn BlockDev> = Arc::new(MemDev::new(64 << 20));
+    backing.write_at(&[9u8; 65536], 0, false).unwrap();
+    let opts = FormatOptions {
+        segment_size: 256 << 10,
+        ..Default::default()
+    };
+    format(&*cache_dev, ident(64 << 20), opts).unwrap();
+    let c = Cache::open(cache_dev.clone(), backing.clone(), &ident(64 << 20), None).unwrap();
+    let mut buf = vec![0u8; 65536];
+    c.read_at(&mut buf, 0).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while c.stats().promoted_blocks < 16 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let s = c.stats();
+    assert_eq!(s.promoted_blocks, 16, "{s:?}");
+    c.read_at(&mut buf, 0).unwrap();
+    assert!(buf.iter().all(|&b| b == 9));
+    assert_eq!(c.stats().read_hit_blocks, 16, "{:?}", c.stats());
+    c.close().unwrap();
+}
+
+#[test]
+fn scan_larger_than_the_cache_after_a_hot_set() {
+    let cache_dev: Arc<dyn BlockDev> = Arc::new(MemDev::new(64 << 20));
+    let backing: Arc<dyn BlockDev> = Arc::new(MemDev::new(256 << 20));
+    let opts = FormatOptions {
+        segment_size: 1 << 20,
+        ..Default::default()
+    };
+    format(&*cache_dev, ident(256 << 20), opts).unwrap();
+    let c = Cache::open(cache_dev.clone(), backing.clone(), &ident(256 << 20), None).unwrap();
+    let mut buf = vec![0u8; 4096];
+    for pass in 0..3 {
+        for b in 0..4096u64 {
+            if pass == 2 {
+                c.write_at(&[b as u8; 4096], b * 4096, false).unwrap();
+            } else {
+                c.read_at(&mut buf, b * 4096).unwrap();
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    drop(c);
+    let c = Cache::open(cache_dev.clone(), backing.clone(), &ident(256 << 20), None).unwrap();
+    let mut big = vec![0u8; 1 << 20];
+    for mib in 0..256u64 {
+        if let Err(e) = c.read_at(&mut big, mib << 20) {
+            panic!("read {mib}: {e} {:?} {:?}", c.status(), c.stats());
+        }
+    }
+    if let Err(e) = c.write_back_all() {
+        panic!("write back: {e} {:?} {:?}", c.status(), c.stats());
+    }
+    assert_eq!(c.status().dirty_blocks, 0, "{:?}", c.status());
+    for b in 0..4096u64 {
+        c.read_at(&mut buf, b * 4096).unwrap();
+        assert!(buf.iter().all(|&x| x == b as u8), "block {b}");
+        backing.read_at(&mut buf, b * 4096).unwrap();
+        assert!(buf.iter().all(|&x| x == b as u8), "backing block {b}");
+    }
+    c.close().unwrap();
+}
