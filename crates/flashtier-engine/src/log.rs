@@ -279,6 +279,8 @@ pub struct Writer {
     client_blocked: bool,
     last_checkpoint: Instant,
     checkpointed_seq: u64,
+    /// Log blocks written since the last checkpoint: replay reads at most this much.
+    blocks_since_checkpoint: u64,
 }
 
 /// Why a batch could not be placed.
@@ -319,6 +321,7 @@ impl Writer {
             client_blocked: false,
             last_checkpoint: Instant::now(),
             checkpointed_seq: next_seq,
+            blocks_since_checkpoint: 0,
         }
     }
 
@@ -387,6 +390,9 @@ impl Writer {
                     w.complete(result.as_ref().map(|_| DROPPED).map_err(clone_err));
                 }
             }
+            if wants_checkpoint.is_empty() && self.checkpoint_due() {
+                wants_checkpoint.push(None);
+            }
             for w in wants_checkpoint {
                 let result = self.write_checkpoint();
                 if let Err(e) = &result {
@@ -416,10 +422,14 @@ impl Writer {
         }
     }
 
+    /// A checkpoint is due when the log has moved for [`CHECKPOINT_INTERVAL`], or an eighth of the
+    /// cache has been written since the last one: that bounds both recovery time and how much log
+    /// a crash leaves to replay.
     fn checkpoint_due(&self) -> bool {
-        self.next_seq != self.checkpointed_seq
-            && self.last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL
-            && !self.log().failed()
+        let moved = self.next_seq != self.checkpointed_seq;
+        let by_time = self.last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL;
+        let by_volume = self.blocks_since_checkpoint >= self.e.geo.slot_count() as u64 / 8;
+        moved && (by_time || by_volume) && !self.log().failed()
     }
 
     /// Runs ops in order: appends are packed into batches; syncs and checkpoints are collected
@@ -569,6 +579,7 @@ impl Writer {
             return Ok(());
         }
         let bytes = needed as u64 * geo.block_size as u64;
+        self.blocks_since_checkpoint += needed as u64;
         Stats::add(&self.e.stats.cache_write_bytes, bytes);
         Stats::add(&self.e.stats.batches, 1);
         Stats::add(&self.e.stats.records, batch.recs.len() as u64);
@@ -734,6 +745,7 @@ impl Writer {
         self.checkpoint_number = number;
         self.checkpointed_seq = self.next_seq;
         self.last_checkpoint = Instant::now();
+        self.blocks_since_checkpoint = 0;
         Stats::add(&self.e.stats.checkpoints, 1);
         let released = self.e.state.write().segs.release(quarantined);
         if !released.is_empty() {
