@@ -129,6 +129,13 @@ pub fn format(
     opts: FormatOptions,
 ) -> Result<Superblock, EngineError> {
     let geometry = Geometry::compute(dev.info().size, opts.block_size, opts.segment_size)?;
+    if backing.size / opts.block_size as u64 > crate::index::Index::MAX_LBA {
+        return Err(EngineError::Invalid(format!(
+            "the backing store ({} bytes) has more blocks than the index can address; use a \
+             larger --block-size",
+            backing.size
+        )));
+    }
     if backing.size < opts.block_size as u64 {
         return Err(EngineError::Invalid(format!(
             "the backing store ({} bytes) is smaller than one cache block",

@@ -21,16 +21,27 @@
 //!   slot and each slot holds at most one LBA, so at most `slot_count` cells are ever occupied
 //!   and the load factor never exceeds 0.8; there is always an empty cell, so probes terminate.
 //!
-//!   When the slot numbers need fewer than 32 bits (any cache below 2^31 slots), the spare high
-//!   bits of a cell hold a *fingerprint* of the key's hash: a probe reads `slots[slot]` (a random
-//!   memory access) only when the fingerprint matches. This costs no memory and makes lookups of
-//!   absent LBAs (every cache miss) about as cheap as hits; with 2^28 slots the fingerprint has 4
-//!   bits, with 2^22 it has 9.
+//!   Reading a key is a random memory access, so the bits of a cell above those `slot + 1` needs
+//!   (any cache below 2^31 slots has some) are put to work, at no memory cost:
+//!
+//!   ```text
+//!   bits 0..s        slot + 1, s = bits needed for slot_count
+//!   next d bits      displacement: how far the cell is past its key's home cell, saturating at
+//!                    2^d - 1 ("that far or farther: read the key"); d = min(spare bits, 5)
+//!   remaining bits   fingerprint: bits of the key's hash
+//!   ```
+//!
+//!   A probe reads `slots[slot]` only for cells whose displacement and fingerprint match the
+//!   key's, and deletion knows the home of a following cell without reading its key (unless its
+//!   displacement saturated). A 1 TiB cache of 4 KiB blocks (just under 2^28 slots) leaves 4
+//!   bits, all displacement; 2^22 slots leave 5 + 4 bits. From 2^31 slots on there are no spare
+//!   bits and every cell examined costs a key read (correct, only slower).
 //!
 //! The home cell of an LBA is `fastrange(hash(lba), table.len())` (the table size is not a power
 //! of two), where the hash is the splitmix64 finalizer, so sequential LBAs scatter uniformly.
 //! Deletion shifts the following cells of the cluster back (no tombstones), so lookups never
-//! degrade with churn.
+//! degrade with churn: a cell at position `j` with home `h` moves into the hole `i` iff `h` is
+//! cyclically not in `(i, j]`, that is iff its displacement `j - h` is at least `j - i`.
 //!
 //! # Concurrency and memory ordering
 //!
@@ -57,10 +68,13 @@ const DOOMED: u64 = 1 << 50;
 /// Table cells per slot, as a fraction: 5/4 cells per slot is a load factor of at most 0.8.
 const CELLS_PER_SLOT: (usize, usize) = (5, 4);
 
-/// Roughly how many slot words a sequential scan reads in the time one hash probe takes: above
-/// `slot_count / PROBE_COST_IN_SLOTS` LBAs, [`Index::remove_range`] scans the slots instead of
-/// probing every LBA of the range.
-const PROBE_COST_IN_SLOTS: u64 = 32;
+/// Most bits of a table cell given to the displacement.
+const MAX_DISPLACEMENT_BITS: u32 = 5;
+
+/// Roughly how many slot words a sequential scan reads in the time one hash probe takes (about
+/// 100 ns against 0.3 ns): above `slot_count / PROBE_COST_IN_SLOTS` LBAs,
+/// [`Index::remove_range`] scans the slots instead of probing every LBA of the range.
+const PROBE_COST_IN_SLOTS: u64 = 256;
 
 /// What a cache slot holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -79,16 +93,51 @@ pub struct Index {
     table: Box<[u32]>,
     /// Mapped LBAs (= occupied table cells = live slots).
     len: usize,
-    /// Bits of a table cell holding `slot + 1`; the bits above hold the fingerprint.
+    /// Bits of a table cell holding `slot + 1`.
     slot_mask: u32,
+    /// Where the displacement starts in a cell (the bits of `slot_mask`, mod 32).
+    disp_shift: u32,
+    /// Largest displacement value (after the shift), meaning "this or more": 2^d - 1.
+    disp_max: u32,
+    /// Bits of a cell holding the fingerprint (bits of the hash at the same positions).
+    fp_mask: u32,
+}
+
+/// How a table cell is divided, for a given slot count (see the module documentation).
+#[derive(Debug, PartialEq, Eq)]
+struct CellLayout {
+    slot_mask: u32,
+    disp_shift: u32,
+    disp_max: u32,
+    fp_mask: u32,
+}
+
+impl CellLayout {
+    /// The layout for `slot_count` slots, with at most the given numbers of displacement and
+    /// fingerprint bits (tests restrict them to exercise saturation and collisions).
+    fn new(slot_count: u32, max_disp_bits: u32, max_fp_bits: u32) -> CellLayout {
+        // Cells hold slot + 1 <= slot_count: keep the bits that needs, then the displacement,
+        // then the fingerprint.
+        let slot_bits = u32::BITS - slot_count.leading_zeros();
+        let low_bits = |bits: u32| u32::MAX.checked_shr(u32::BITS - bits).unwrap_or(0);
+        let disp_bits = (u32::BITS - slot_bits).min(max_disp_bits);
+        let fp_bits = (u32::BITS - slot_bits - disp_bits).min(max_fp_bits);
+        CellLayout {
+            slot_mask: low_bits(slot_bits),
+            disp_shift: slot_bits % u32::BITS,
+            disp_max: low_bits(disp_bits),
+            fp_mask: low_bits(slot_bits + disp_bits + fp_bits) & !low_bits(slot_bits + disp_bits),
+        }
+    }
 }
 
 /// Where a probe for an LBA ended.
 enum Probe {
     /// The LBA lives in `slot`, referenced by table cell `pos`.
     Found { pos: usize, slot: u32 },
-    /// The LBA is unmapped; `pos` is the empty cell where it would go.
-    Vacant { pos: usize },
+    /// The LBA is unmapped; `pos` is the empty cell where it would go, `disp` cells past its
+    /// home.
+    Vacant { pos: usize, disp: usize },
 }
 
 /// The splitmix64 finalizer: a bijective mixer after which every output bit depends on every
@@ -107,13 +156,13 @@ fn home(h: u64, len: usize) -> usize {
     ((h as u128 * len as u128) >> 64) as usize
 }
 
-/// Whether `x` is in the cyclic interval `(a, b]` of table positions.
+/// How far position `to` is past position `from` in a cyclic table of `n` cells.
 #[inline]
-fn cyclic_in(x: usize, a: usize, b: usize) -> bool {
-    if a <= b {
-        a < x && x <= b
+fn distance(from: usize, to: usize, n: usize) -> usize {
+    if to >= from {
+        to - from
     } else {
-        a < x || x <= b
+        to + n - from
     }
 }
 
@@ -140,11 +189,18 @@ impl Index {
     /// An empty index for a cache of `slot_count` slots (numbered `0..slot_count`). Allocates all
     /// its memory now (see [`Index::memory_bytes`]).
     pub fn new(slot_count: u32) -> Index {
+        Self::with_layout(slot_count, MAX_DISPLACEMENT_BITS, u32::BITS)
+    }
+
+    fn with_layout(slot_count: u32, max_disp_bits: u32, max_fp_bits: u32) -> Index {
         let n = slot_count as usize;
         let cells = n * CELLS_PER_SLOT.0 / CELLS_PER_SLOT.1 + 1;
-        // Cells hold slot + 1 <= slot_count: keep the bits that needs, the rest is fingerprint.
-        let slot_bits = u32::BITS - slot_count.leading_zeros();
-        let slot_mask = u32::MAX.checked_shr(u32::BITS - slot_bits).unwrap_or(0);
+        let CellLayout {
+            slot_mask,
+            disp_shift,
+            disp_max,
+            fp_mask,
+        } = CellLayout::new(slot_count, max_disp_bits, max_fp_bits);
         Index {
             slots: std::iter::repeat_with(|| AtomicU64::new(0))
                 .take(n)
@@ -152,6 +208,9 @@ impl Index {
             table: vec![0u32; cells].into_boxed_slice(),
             len: 0,
             slot_mask,
+            disp_shift,
+            disp_max,
+            fp_mask,
         }
     }
 
@@ -201,15 +260,14 @@ impl Index {
         Self::check_lba(lba);
         self.make_room(slot, lba);
         let h = hash(lba);
-        let cell = self.cell(slot, h);
         let old = match self.probe(lba, h) {
             Probe::Found { pos, slot: old } => {
-                self.table[pos] = cell;
+                self.table[pos] = self.with_slot(self.table[pos], slot);
                 *self.slots[old as usize].get_mut() = 0;
                 Some(old)
             }
-            Probe::Vacant { pos } => {
-                self.table[pos] = cell;
+            Probe::Vacant { pos, disp } => {
+                self.table[pos] = self.new_cell(slot, disp, h);
                 self.len += 1;
                 None
             }
@@ -232,10 +290,10 @@ impl Index {
             // Unmapping the slot's occupant may have shifted the table.
             probe = self.probe(lba, h);
         }
-        let Probe::Vacant { pos } = probe else {
+        let Probe::Vacant { pos, disp } = probe else {
             unreachable!("lba {lba} appeared while unmapping another one");
         };
-        self.table[pos] = self.cell(slot, h);
+        self.table[pos] = self.new_cell(slot, disp, h);
         *self.slots[slot as usize].get_mut() = encode(lba, dirty);
         self.len += 1;
         true
@@ -245,7 +303,7 @@ impl Index {
     /// record: reclaim copied it forward and no newer write replaced it meanwhile); returns
     /// whether it did. DIRTY is kept and REFERENCED cleared; `from` becomes free (if `to ==
     /// from`, the move only clears REFERENCED). `to` must be free, with the same rules as for
-    /// [`Index::insert`].
+    /// [`Index::insert`]; panics if it is out of range (and the move happens).
     pub fn move_if(&mut self, lba: u64, from: u32, to: u32) -> bool {
         let Some(word) = self.word_if(lba, from) else {
             return false;
@@ -260,7 +318,7 @@ impl Index {
             unreachable!("lba {lba} lives in slot {from} but is not in the table");
         };
         debug_assert_eq!(slot, from);
-        self.table[pos] = self.cell(to, h);
+        self.table[pos] = self.with_slot(self.table[pos], to);
         *self.slots[from as usize].get_mut() = 0;
         *self.slots[to as usize].get_mut() = word & (LBA_MASK | DIRTY);
         true
@@ -296,9 +354,10 @@ impl Index {
     /// zeroing), calling `on_removed(lba, slot, dirty)` for each mapping removed, in no
     /// particular order. The range may extend past `MAX_LBA` (it is clipped).
     ///
-    /// Small ranges probe each LBA; ranges larger than about `slot_count / 32` blocks (a trim of
-    /// the whole disk, say) scan the slots instead, and rebuild the table when they unmap a large
-    /// part of it, so the cost is at most a pass over the index's memory.
+    /// Small ranges probe each LBA (~100 ns each); ranges larger than `slot_count / 256` blocks
+    /// (a trim of the whole disk, say) scan the slot words instead (~0.3 ns per slot), and
+    /// rebuild the table when they unmap a large part of it, so the cost is at most about two
+    /// passes over the index's memory (~10 ms per 2^22 slots).
     pub fn remove_range(&mut self, first: u64, count: u64, on_removed: impl FnMut(u64, u32, bool)) {
         if first > Self::MAX_LBA || count == 0 || self.len == 0 {
             return;
@@ -370,10 +429,43 @@ impl Index {
         );
     }
 
-    /// The table cell referencing `slot` for a key of hash `h`.
+    /// The table cell referencing `slot` for a key of hash `h` placed `disp` cells past its home.
     #[inline]
-    fn cell(&self, slot: u32, h: u64) -> u32 {
-        (slot + 1) | (h as u32 & !self.slot_mask)
+    fn new_cell(&self, slot: u32, disp: usize, h: u64) -> u32 {
+        (slot + 1) | self.disp_bits(disp) | (h as u32 & self.fp_mask)
+    }
+
+    /// `disp` (saturated) at its place in a cell.
+    #[inline]
+    fn disp_bits(&self, disp: usize) -> u32 {
+        (disp.min(self.disp_max as usize) as u32) << self.disp_shift
+    }
+
+    /// `cell` referencing `slot` instead (same key, same place).
+    #[inline]
+    fn with_slot(&self, cell: u32, slot: u32) -> u32 {
+        (cell & !self.slot_mask) | (slot + 1)
+    }
+
+    /// The slot a (non-empty) cell references.
+    #[inline]
+    fn slot_of(&self, cell: u32) -> u32 {
+        (cell & self.slot_mask) - 1
+    }
+
+    /// The displacement of the key in (non-empty) cell `pos`, reading the key only if the
+    /// displacement field saturated.
+    #[inline]
+    fn displacement(&self, pos: usize) -> usize {
+        let cell = self.table[pos];
+        let field = (cell >> self.disp_shift) & self.disp_max;
+        if field < self.disp_max {
+            return field as usize;
+        }
+        let key = self.slots[self.slot_of(cell) as usize].load(Relaxed) & LBA_MASK;
+        debug_assert_ne!(key, 0, "table cell {pos} references a free slot");
+        let n = self.table.len();
+        distance(home(hash(key.wrapping_sub(1)), n), pos, n)
     }
 
     /// The word of `slot` if it holds `lba`.
@@ -387,16 +479,19 @@ impl Index {
     #[inline]
     fn probe(&self, lba: u64, h: u64) -> Probe {
         let key = lba + 1;
-        let fingerprint = h as u32 & !self.slot_mask;
+        let fingerprint = h as u32 & self.fp_mask;
         let n = self.table.len();
         let mut pos = home(h, n);
+        let mut disp = 0;
         loop {
             let cell = self.table[pos];
             if cell == 0 {
-                return Probe::Vacant { pos };
+                return Probe::Vacant { pos, disp };
             }
-            if cell & !self.slot_mask == fingerprint {
-                let slot = (cell & self.slot_mask) - 1;
+            // Only a cell with the key's fingerprint, as far from its home as this one is from
+            // the key's, can hold the key.
+            if cell & !self.slot_mask == fingerprint | self.disp_bits(disp) {
+                let slot = self.slot_of(cell);
                 if self.slots[slot as usize].load(Relaxed) & LBA_MASK == key {
                     return Probe::Found { pos, slot };
                 }
@@ -405,6 +500,7 @@ impl Index {
             if pos == n {
                 pos = 0;
             }
+            disp += 1;
         }
     }
 
@@ -437,8 +533,9 @@ impl Index {
     }
 
     /// Empties table cell `pos` by backward shift: each following cell of the cluster moves into
-    /// the hole if its home is not cyclically in `(hole, its position]`, i.e. if it would still
-    /// be reachable from its home. Reads the keys of the following cells (not of `pos`'s).
+    /// the hole if its home is not cyclically in `(hole, its position]`, i.e. if it is at least
+    /// as far past its home as past the hole, so it stays reachable from its home. Reads the keys
+    /// of following cells only where their displacement saturated (never `pos`'s).
     fn delete_cell(&mut self, pos: usize) {
         let n = self.table.len();
         let mut hole = pos;
@@ -452,10 +549,11 @@ impl Index {
             if cell == 0 {
                 break;
             }
-            let key = self.slots[((cell & self.slot_mask) - 1) as usize].load(Relaxed) & LBA_MASK;
-            debug_assert_ne!(key, 0, "table cell {j} references a free slot");
-            if !cyclic_in(home(hash(key - 1), n), hole, j) {
-                self.table[hole] = cell;
+            let disp = self.displacement(j);
+            let gap = distance(hole, j, n);
+            if disp >= gap {
+                let field = self.disp_max << self.disp_shift;
+                self.table[hole] = (cell & !field) | self.disp_bits(disp - gap);
                 hole = j;
             }
         }
@@ -532,21 +630,22 @@ impl Index {
     fn rebuild_table(&mut self) {
         self.table.fill(0);
         let n = self.table.len();
-        let not_slot = !self.slot_mask;
-        for (slot, w) in self.slots.iter_mut().enumerate() {
-            let key = *w.get_mut() & LBA_MASK;
+        for slot in 0..self.slots.len() {
+            let key = *self.slots[slot].get_mut() & LBA_MASK;
             if key == 0 {
                 continue;
             }
             let h = hash(key - 1);
             let mut pos = home(h, n);
+            let mut disp = 0;
             while self.table[pos] != 0 {
                 pos += 1;
                 if pos == n {
                     pos = 0;
                 }
+                disp += 1;
             }
-            self.table[pos] = (slot as u32 + 1) | (h as u32 & not_slot);
+            self.table[pos] = self.new_cell(slot as u32, disp, h);
         }
     }
 }
@@ -579,7 +678,7 @@ mod tests {
                 }
                 let slot = (cell & self.slot_mask)
                     .checked_sub(1)
-                    .unwrap_or_else(|| panic!("cell {pos} has fingerprint but no slot"));
+                    .unwrap_or_else(|| panic!("cell {pos} has tags but no slot"));
                 assert!(
                     (slot as usize) < self.slots.len(),
                     "cell {pos}: slot {slot}"
@@ -589,7 +688,9 @@ mod tests {
                 let info = decode(word).unwrap_or_else(|| panic!("cell {pos}: slot {slot} free"));
                 assert!(seen_lbas.insert(info.lba), "lba {} mapped twice", info.lba);
                 let h = hash(info.lba);
-                assert_eq!(cell, self.cell(slot, h), "cell {pos}: fingerprint");
+                let disp = distance(home(h, n), pos, n);
+                assert_eq!(cell, self.new_cell(slot, disp, h), "cell {pos}: tags");
+                assert_eq!(self.displacement(pos), disp, "cell {pos}: displacement");
                 // Reachable from its home without crossing an empty cell.
                 let mut p = home(h, n);
                 while p != pos {
@@ -646,9 +747,20 @@ mod tests {
     fn sizes_and_masks() {
         let i = Index::new(8);
         assert_eq!(i.table.len(), 11);
-        assert_eq!(i.slot_mask, 0b1111);
-        assert_eq!(Index::new(0).slot_mask, 0);
-        assert_eq!(Index::new(1 << 20).slot_mask, (1 << 21) - 1);
+        let layout = |slot_count| {
+            let l = CellLayout::new(slot_count, MAX_DISPLACEMENT_BITS, u32::BITS);
+            (l.slot_mask, l.disp_shift, l.disp_max, l.fp_mask)
+        };
+        assert_eq!(layout(8), (0b1111, 4, 31, !0 << 9));
+        assert_eq!(layout(0), (0, 0, 31, !0 << 5));
+        assert_eq!(layout(1 << 20), ((1 << 21) - 1, 21, 31, !0 << 26));
+        // 1 TiB of 4 KiB blocks, less the metadata.
+        assert_eq!(layout((1 << 28) - 1000), ((1 << 28) - 1, 28, 15, 0));
+        assert_eq!(layout(1 << 28), ((1 << 29) - 1, 29, 7, 0));
+        assert_eq!(layout(u32::MAX >> 1), (u32::MAX >> 1, 31, 1, 0));
+        assert_eq!(layout(u32::MAX), (u32::MAX, 0, 0, 0));
+        let l = CellLayout::new(8, 2, 3);
+        assert_eq!((l.disp_shift, l.disp_max, l.fp_mask), (4, 3, 0b111 << 6));
         assert_eq!(Index::MAX_LBA, (1 << 48) - 2);
         let e = Index::new(0);
         assert_eq!(e.get(5), None);
@@ -702,6 +814,21 @@ mod tests {
         let mut i = Index::new(4);
         i.insert(1, 0, false);
         i.insert(2, 0, false);
+    }
+
+    #[test]
+    #[cfg(not(debug_assertions))]
+    fn insert_into_busy_slot_evicts_in_release() {
+        let mut i = Index::new(4);
+        i.insert(1, 0, true);
+        i.insert(5, 1, false);
+        assert_eq!(i.insert(2, 0, false), None);
+        assert_eq!(i.get(1), None);
+        assert!(i.move_if(5, 1, 0));
+        assert_eq!(i.get(2), None);
+        assert!(i.insert_if_absent(7, 0, false));
+        assert_eq!((i.get(5), i.get(7), i.len()), (None, Some(0), 1));
+        i.check_invariants();
     }
 
     #[test]
@@ -871,8 +998,13 @@ mod tests {
 
     #[test]
     fn full_table_of_colliding_keys() {
+        for (disp_bits, fp_bits) in LAYOUTS {
+            full_table_of_colliding_keys_with(Index::with_layout(8, disp_bits, fp_bits));
+        }
+    }
+
+    fn full_table_of_colliding_keys_with(mut i: Index) {
         // All 8 slots used by keys homed at the same cell near the end: one long wrapped cluster.
-        let mut i = Index::new(8);
         let n = i.table.len();
         let keys = lbas_with_home(&i, n - 2, 8, 1 << 40);
         for (s, &lba) in keys.iter().enumerate() {
@@ -1117,8 +1249,12 @@ mod tests {
         }
     }
 
-    fn run_model(slot_count: u32, ops: Vec<Op>) -> Result<(), TestCaseError> {
-        let mut index = Index::new(slot_count);
+    /// Cell layouts for the model test: (displacement bits, fingerprint bits).
+    const LAYOUTS: [(u32, u32); 5] = [(MAX_DISPLACEMENT_BITS, 32), (0, 0), (1, 0), (2, 1), (0, 3)];
+
+    fn run_model(slot_count: u32, layout: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
+        let (disp_bits, fp_bits) = LAYOUTS[layout];
+        let mut index = Index::with_layout(slot_count, disp_bits, fp_bits);
         let mut model = Model::default();
         let mut seen_lbas: HashSet<u64> = HashSet::new();
         for op in ops {
@@ -1209,7 +1345,7 @@ mod tests {
                     let cb = |lba, slot, dirty| got.push((lba, slot, dirty));
                     let clipped = end.min(Index::MAX_LBA + 1);
                     match how {
-                        1 if first <= Index::MAX_LBA => {
+                        1 if first <= Index::MAX_LBA && count < 1000 => {
                             index.remove_range_probing(first, clipped, cb)
                         }
                         2 if first <= Index::MAX_LBA => {
@@ -1275,9 +1411,10 @@ mod tests {
         #[test]
         fn behaves_like_a_model(
             slot_count in prop_oneof![1..4u32, 4..12u32, 12..40u32],
+            layout in 0..LAYOUTS.len(),
             ops in prop::collection::vec(op_strategy(), 1..200),
         ) {
-            run_model(slot_count, ops)?;
+            run_model(slot_count, layout, ops)?;
         }
     }
 
@@ -1313,6 +1450,17 @@ mod tests {
             fill.as_nanos() as f64 / slots as f64,
             index.memory_bytes() as f64 / slots as f64
         );
+        // As recovery loads a checkpoint: in slot order.
+        let mut loaded = Index::new(slots);
+        let t = Instant::now();
+        for (slot, &lba) in order.iter().enumerate() {
+            loaded.insert(lba as u64, slot as u32, false);
+        }
+        println!(
+            "loaded {slots} slots in slot order: {:.1} ns/insert",
+            t.elapsed().as_nanos() as f64 / slots as f64
+        );
+        drop(loaded);
         let queries: Vec<u64> = (0..slots).map(|_| next() % slots as u64).collect();
         for (what, offset) in [("hit", 0u64), ("miss", 1u64 << 40)] {
             let t = Instant::now();
@@ -1345,7 +1493,15 @@ mod tests {
         let mut removed = 0u64;
         index.remove_range_probing(0, 1 << 16, |_, _, _| removed += 1);
         println!(
-            "remove_range probing: {:.1} ns/lba",
+            "remove_range probing (all mapped): {:.1} ns/lba",
+            t.elapsed().as_nanos() as f64 / (1 << 16) as f64
+        );
+        let t = Instant::now();
+        for lba in (1u64 << 16)..(1 << 17) {
+            removed += index.remove_if(lba, order[lba as usize]) as u64;
+        }
+        println!(
+            "remove_if (eviction): {:.1} ns/call",
             t.elapsed().as_nanos() as f64 / (1 << 16) as f64
         );
         let t = Instant::now();
