@@ -27,6 +27,7 @@ use flashtier_io::{check_range, AlignedBuf, BlockDev, DevInfo, Extent, ZeroOpts}
 
 use crate::cleaner;
 use crate::engine::{self, Engine, OpenReport};
+use crate::guards::BusyRange;
 use crate::layout::batch::Kind;
 use crate::layout::superblock::BackingIdentity;
 use crate::log::{Record, Writer};
@@ -78,12 +79,7 @@ impl Cache {
         mode: Option<Mode>,
     ) -> Result<Cache, EngineError> {
         let (e, start, report) = engine::open_engine(cache, backing.clone(), identity, mode)?;
-        let writer = Writer::new(
-            e.clone(),
-            start.next_seq,
-            start.epoch,
-            start.checkpoint_number,
-        );
+        let writer = Writer::new(e.clone(), &start);
         let writer = writer.spawn();
         let reclaimer = crate::reclaim::spawn(e.clone());
         let info = DevInfo {
@@ -134,7 +130,12 @@ impl Cache {
         if !mode.keeps_dirty_data() {
             self.write_back_all()?;
         }
-        self.e.set_mode_flag(mode);
+        {
+            // Writes decide what to do by the mode when they start; wait for those in flight,
+            // or a write-back write could leave a dirty block behind the final write-back.
+            let _no_writes_in_flight = self.e.rmw.write();
+            self.e.set_mode_flag(mode);
+        }
         if !mode.keeps_dirty_data() {
             self.write_back_all()?;
         }
@@ -206,13 +207,21 @@ impl Cache {
             let _ = r.join();
         }
         let mut result = Ok(());
-        if clean && !self.e.log.failed() {
+        if clean {
+            // Writes that went around the cache become durable with the shutdown, like any
+            // other acknowledged write; the next open flushes again in case this fails.
             result = self
-                .e
-                .log
-                .checkpoint()
-                .and_then(|()| engine::mark_clean(&self.e))
-                .map_err(EngineError::CacheIo);
+                .flush_backing_if_written()
+                .map_err(EngineError::BackingIo);
+        }
+        if clean && !self.e.log.failed() {
+            result = result.and(
+                self.e
+                    .log
+                    .checkpoint()
+                    .and_then(|()| engine::mark_clean(&self.e))
+                    .map_err(EngineError::CacheIo),
+            );
         }
         self.e.log.stop();
         if let Some(w) = threads.writer.take() {
@@ -388,7 +397,15 @@ impl Cache {
         e.log.sync(false)
     }
 
-    fn backing_write(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+    /// Writes the backing store directly. `busy` (the blocks' guard, if they are cacheable)
+    /// learns whether the data is durable there yet.
+    fn backing_write(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        fua: bool,
+        busy: Option<&mut BusyRange<'_>>,
+    ) -> io::Result<()> {
         let e = &*self.e;
         let _order = e.backing_order.read();
         e.backing
@@ -397,6 +414,9 @@ impl Cache {
         Stats::add(&e.stats.backing_write_bytes, buf.len() as u64);
         if !fua {
             e.backing_unflushed.store(true, Ordering::Release);
+            if let Some(busy) = busy {
+                busy.written_unflushed();
+            }
         }
         Ok(())
     }
@@ -414,10 +434,11 @@ impl Cache {
                 }
             }
             Mode::WriteThrough => {
-                let _busy = e.guards.busy(lba, n);
+                let _turn = e.guards.write_through_lock(lba, n);
+                let mut busy = e.guards.busy(lba, n);
                 let records = self.log_blocks(lba, data, true)?;
                 e.log.sync(false)?;
-                self.backing_write(data, lba * bs, fua)?;
+                self.backing_write(data, lba * bs, fua, Some(&mut busy))?;
                 if fua {
                     self.log_clean(&records);
                 } else {
@@ -425,12 +446,31 @@ impl Cache {
                 }
             }
             Mode::WriteAround | Mode::PassThrough => {
-                let _busy = e.guards.busy(lba, n);
+                let mut busy = e.guards.busy(lba, n);
                 self.invalidate(lba, n)?;
                 Stats::add(&e.stats.write_blocks, n);
-                self.backing_write(data, lba * bs, fua)?;
+                self.backing_write(data, lba * bs, fua, Some(&mut busy))?;
             }
         }
+        Ok(())
+    }
+
+    /// Flushes the backing store if anything was written there since its last flush. Callers
+    /// take turns: a FLUSH must not return while another one's backing flush, which covers
+    /// writes this one promises, is still running.
+    fn flush_backing_if_written(&self) -> io::Result<()> {
+        let e = &*self.e;
+        let _turn = e.backing_flush_turn.lock();
+        if !e.backing_unflushed.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let pending: Vec<(u64, u32, u32)> = std::mem::take(&mut *e.unflushed_write_through.lock());
+        if let Err(err) = engine::flush_backing(e) {
+            e.backing_unflushed.store(true, Ordering::Release);
+            e.unflushed_write_through.lock().extend(pending);
+            return Err(err);
+        }
+        self.log_clean(&pending);
         Ok(())
     }
 
@@ -504,7 +544,7 @@ impl BlockDev for Cache {
         let end = offset + buf.len() as u64;
         if end > tail {
             let split = tail.saturating_sub(offset) as usize;
-            self.backing_write(&buf[split..], offset.max(tail), fua)?;
+            self.backing_write(&buf[split..], offset.max(tail), fua, None)?;
             if split == 0 {
                 return Ok(());
             }
@@ -517,19 +557,7 @@ impl BlockDev for Cache {
         let e = &*self.e;
         Stats::add(&e.stats.flushes, 1);
         e.log.sync(false)?;
-        if e.backing_unflushed.swap(false, Ordering::AcqRel) {
-            let pending: Vec<(u64, u32, u32)> =
-                std::mem::take(&mut *e.unflushed_write_through.lock());
-            if let Err(err) = e.backing.flush() {
-                e.backing_unflushed.store(true, Ordering::Release);
-                e.unflushed_write_through.lock().extend(pending);
-                Stats::add(&e.stats.backing_errors, 1);
-                return Err(err);
-            }
-            Stats::add(&e.stats.backing_flushes, 1);
-            self.log_clean(&pending);
-        }
-        Ok(())
+        self.flush_backing_if_written()
     }
 
     fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -539,13 +567,12 @@ impl BlockDev for Cache {
         // Only whole blocks inside the range are dropped from the cache; the backing store gets
         // the exact range (trimmed bytes may read as anything afterwards).
         let first = offset.div_ceil(bs);
-        let last = ((offset + len) / bs).min(e.cached_blocks);
-        if last > first {
-            let _busy = e.guards.busy(first, last - first);
-            self.invalidate(first, last - first)?;
-        }
+        let last = ((offset + len) / bs).min(e.cached_blocks).max(first);
+        let mut busy = e.guards.busy(first, last - first);
+        self.invalidate(first, last - first)?;
         let _order = e.backing_order.read();
         e.backing_unflushed.store(true, Ordering::Release);
+        busy.written_unflushed();
         e.backing.trim(offset, len)
     }
 
@@ -562,7 +589,8 @@ impl BlockDev for Cache {
             let zeroes = vec![0u8; (head_end - offset) as usize];
             self.write_at(&zeroes, offset, opts.fua)?;
         }
-        let tail_start = (last * bs).max(head_end);
+        // `max(offset)`: a range entirely in the uncached tail starts after the last block.
+        let tail_start = (last * bs).max(head_end).max(offset);
         if end > tail_start {
             let zeroes = vec![0u8; (end - tail_start) as usize];
             self.write_at(&zeroes, tail_start, opts.fua)?;
@@ -571,7 +599,7 @@ impl BlockDev for Cache {
             let n = last - first;
             let slots = e.geo.slot_count();
             cleaner::clean_pass(e, |st| cleaner::dirty_in_range(st, slots, first, n))?;
-            let _busy = e.guards.busy(first, n);
+            let mut busy = e.guards.busy(first, n);
             self.invalidate(first, n)?;
             let _order = e.backing_order.read();
             e.backing
@@ -579,6 +607,7 @@ impl BlockDev for Cache {
                 .inspect_err(|_| Stats::add(&e.stats.backing_errors, 1))?;
             if !opts.fua {
                 e.backing_unflushed.store(true, Ordering::Release);
+                busy.written_unflushed();
             }
         }
         Ok(())

@@ -71,10 +71,7 @@ pub(crate) fn clean_pass(
         Stats::add(&e.stats.cleaner_writes, 1);
         i = j;
     }
-    e.backing
-        .flush()
-        .inspect_err(|_| Stats::add(&e.stats.backing_errors, 1))?;
-    Stats::add(&e.stats.backing_flushes, 1);
+    crate::engine::flush_backing(e)?;
 
     mark_clean(e, &blocks);
     Stats::add(&e.stats.cleaned_blocks, blocks.len() as u64);

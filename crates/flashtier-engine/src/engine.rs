@@ -45,6 +45,11 @@ pub struct Engine {
     pub(crate) backing_order: RwLock<()>,
     /// The backing store was written (bypassing the cache) since it was last flushed.
     pub(crate) backing_unflushed: AtomicBool,
+    /// FLUSHes take turns for the backing store's flush (see `Cache::flush`).
+    pub(crate) backing_flush_turn: Mutex<()>,
+    /// One reclaim at a time (the background thread or `Cache::reclaim_now`): two would pick
+    /// the same victim.
+    pub(crate) reclaim_turn: Mutex<()>,
     /// Write-through blocks written to the backing store but not yet flushed there:
     /// `(lba, slot, blocks)`; logged clean after the next backing flush.
     pub(crate) unflushed_write_through: Mutex<Vec<(u64, u32, u32)>>,
@@ -211,6 +216,7 @@ pub struct OpenReport {
 /// Where the log writer starts after opening.
 pub(crate) struct LogStart {
     pub next_seq: u64,
+    pub replayed_blocks: u64,
     pub epoch: u64,
     pub checkpoint_number: u64,
 }
@@ -242,6 +248,10 @@ pub(crate) fn open_engine(
     if cache.info().read_only {
         return Err(EngineError::Invalid("the cache device is read-only".into()));
     }
+    // Whatever the backing store holds in its volatile cache (written before a restart of this
+    // process) becomes durable now: promotions may cache it, and a FLUSH after this open need
+    // not know what was written before it.
+    backing.flush().map_err(EngineError::BackingIo)?;
     let recovered = recover::recover(&*cache, &sb)?;
     let geo = sb.geometry;
 
@@ -283,6 +293,8 @@ pub(crate) fn open_engine(
         rmw: RwLock::new(()),
         backing_order: RwLock::new(()),
         backing_unflushed: AtomicBool::new(false),
+        backing_flush_turn: Mutex::new(()),
+        reclaim_turn: Mutex::new(()),
         unflushed_write_through: Mutex::new(Vec::new()),
         started: Instant::now(),
         reclaim: Mutex::new(ReclaimControl::default()),
@@ -292,6 +304,7 @@ pub(crate) fn open_engine(
     };
     let start = LogStart {
         next_seq: recovered.next_seq,
+        replayed_blocks: recovered.replayed_blocks,
         epoch: new_sb.epoch,
         checkpoint_number: recovered.checkpoint_number,
     };
@@ -308,6 +321,17 @@ fn rewrite_header(
     header.encode(&mut buf);
     dev.write_at(&buf, offset, false)?;
     dev.flush()
+}
+
+/// Flushes the backing store; afterwards promotions may cache what it holds.
+pub(crate) fn flush_backing(e: &Engine) -> std::io::Result<()> {
+    let began = e.guards.flush_begins();
+    e.backing
+        .flush()
+        .inspect_err(|_| Stats::add(&e.stats.backing_errors, 1))?;
+    Stats::add(&e.stats.backing_flushes, 1);
+    e.guards.flushed(began);
+    Ok(())
 }
 
 /// Marks the cache cleanly shut down (after the final checkpoint).

@@ -171,6 +171,9 @@ struct Queue {
     stop: bool,
     /// Reclaim freed space: blocked client records may proceed.
     kicked: bool,
+    /// Reclaim failed: blocked client records fail with this rather than wait for space that
+    /// may never come (the next ones try again).
+    reclaim_failed: Option<io::Error>,
 }
 
 /// The handle callers use; the writer thread owns the rest.
@@ -261,6 +264,12 @@ impl Log {
         self.work.notify_one();
     }
 
+    /// Reclaim could not free space: fails the client records waiting for it.
+    pub fn reclaim_failed(&self, err: &io::Error) {
+        self.queue.lock().reclaim_failed = Some(clone_err(err));
+        self.work.notify_one();
+    }
+
     /// Asks the writer to finish what is queued and exit.
     pub fn stop(&self) {
         self.queue.lock().stop = true;
@@ -309,19 +318,24 @@ impl Batch {
 }
 
 impl Writer {
-    pub fn new(e: Arc<Engine>, next_seq: u64, epoch: u64, checkpoint_number: u64) -> Writer {
+    pub(crate) fn new(e: Arc<Engine>, start: &crate::engine::LogStart) -> Writer {
         let bs = e.geo.block_size as usize;
         Writer {
             e,
-            next_seq,
-            epoch,
-            checkpoint_number,
+            next_seq: start.next_seq,
+            epoch: start.epoch,
+            checkpoint_number: start.checkpoint_number,
             header: AlignedBuf::zeroed(bs),
             client_pending: VecDeque::new(),
             client_blocked: false,
             last_checkpoint: Instant::now(),
-            checkpointed_seq: next_seq,
-            blocks_since_checkpoint: 0,
+            // What recovery replayed is still behind the last checkpoint.
+            checkpointed_seq: if start.replayed_blocks > 0 {
+                0
+            } else {
+                start.next_seq
+            },
+            blocks_since_checkpoint: start.replayed_blocks,
         }
     }
 
@@ -344,6 +358,15 @@ impl Writer {
                 loop {
                     if q.kicked {
                         q.kicked = false;
+                        self.client_blocked = false;
+                    }
+                    let reclaim_failed = q.reclaim_failed.take();
+                    if self.client_blocked && (reclaim_failed.is_some() || log.failed()) {
+                        // Waiting would hang them: the space they wait for may never come.
+                        let err = reclaim_failed
+                            .unwrap_or_else(|| log.check_failed().expect_err("the log failed"));
+                        let blocked: Vec<Op> = self.client_pending.drain(..).collect();
+                        self.fail_ops(blocked, &err);
                         self.client_blocked = false;
                     }
                     let client_ready = !self.client_blocked
@@ -403,21 +426,25 @@ impl Writer {
             if stop {
                 // Records still waiting for space when the cache closes will not get it.
                 let leftover: Vec<Op> = self.client_pending.drain(..).collect();
-                for op in leftover {
-                    let closed = Err(io::Error::from_raw_os_error(libc::ESHUTDOWN));
-                    match op {
-                        Op::Append(r, w) => {
-                            self.release_promotion(&r);
-                            complete(&w, closed);
-                        }
-                        Op::Sync(w) => w.complete(closed),
-                        Op::Checkpoint(w) => complete(&w, closed),
-                    }
-                }
+                self.fail_ops(leftover, &io::Error::from_raw_os_error(libc::ESHUTDOWN));
                 let q = self.e.log.queue.lock();
                 if q.client.is_empty() && q.system.is_empty() {
                     return;
                 }
+            }
+        }
+    }
+
+    /// Completes ops that will not be carried out with `err`.
+    fn fail_ops(&self, ops: Vec<Op>, err: &io::Error) {
+        for op in ops {
+            match op {
+                Op::Append(r, w) => {
+                    self.release_promotion(&r);
+                    complete(&w, Err(clone_err(err)));
+                }
+                Op::Sync(w) => w.complete(Err(clone_err(err))),
+                Op::Checkpoint(w) => complete(&w, Err(clone_err(err))),
             }
         }
     }

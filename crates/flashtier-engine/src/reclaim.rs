@@ -43,6 +43,7 @@ fn run(e: &Engine) {
         }
         if let Err(err) = reclaim_until_target(e) {
             tracing::warn!(error = %err, "reclaim failed; retrying");
+            e.log.reclaim_failed(&err);
             std::thread::sleep(RETRY_AFTER_ERROR);
         }
     }
@@ -56,6 +57,7 @@ fn needs_reclaim(e: &Engine) -> bool {
 /// Empties victims until enough segments are free or quarantined, then checkpoints so the
 /// quarantined ones become free.
 pub(crate) fn reclaim_until_target(e: &Engine) -> io::Result<()> {
+    let _turn = e.reclaim_turn.lock();
     loop {
         if e.reclaim.lock().stop {
             // Closing: the final checkpoint and the next start take it from here.

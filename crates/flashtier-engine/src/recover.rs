@@ -63,6 +63,9 @@ pub struct Recovered {
     pub checkpoint_number: u64,
     pub replayed_batches: u64,
     pub replayed_records: u64,
+    /// Log blocks (headers and data) replayed: they count towards the next checkpoint, so a
+    /// crash loop does not replay an ever longer log.
+    pub replayed_blocks: u64,
     /// The last batch was only partly valid; its header must be rewritten to hold just the valid
     /// records before anything is appended after them.
     pub truncate_batch: Option<(u64, BatchHeader)>,
@@ -136,6 +139,7 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
     let mut data = AlignedBuf::new();
     let mut replayed_batches = 0;
     let mut replayed_records = 0;
+    let mut replayed_blocks = 0u64;
     let mut truncate_batch = None;
 
     'log: loop {
@@ -199,6 +203,7 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
         }
         replayed_batches += 1;
         replayed_records += applied as u64;
+        replayed_blocks += 1 + blocks as u64;
         expected += applied as u64;
         epoch = hdr.epoch;
         if torn {
@@ -226,6 +231,7 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
         checkpoint_number: ckpt.number,
         replayed_batches,
         replayed_records,
+        replayed_blocks,
         truncate_batch,
         elapsed: started.elapsed(),
     })

@@ -148,3 +148,42 @@ fn scan_larger_than_the_cache_after_a_hot_set() {
     }
     c.close().unwrap();
 }
+
+/// What recovery replayed counts towards the next checkpoint: crash after crash, each recovery
+/// replays only what was written since the last checkpoint, not an ever longer log.
+#[test]
+fn replayed_log_counts_towards_the_next_checkpoint() {
+    let cache_dev: Arc<dyn BlockDev> = Arc::new(MemDev::new(16 << 20));
+    let backing: Arc<dyn BlockDev> = Arc::new(MemDev::new(64 << 20));
+    let opts = FormatOptions {
+        segment_size: 256 << 10,
+        ..Default::default()
+    };
+    format(&*cache_dev, ident(64 << 20), opts).unwrap();
+    let open = || Cache::open(cache_dev.clone(), backing.clone(), &ident(64 << 20), None).unwrap();
+    let slots = open().status().capacity_blocks;
+    // Each round writes a tenth of the cache: under the checkpoint threshold (an eighth) alone,
+    // over it together with the previous round's replayed log.
+    let per_round = slots / 10 / 4;
+    let mut replayed = Vec::new();
+    for round in 0..3u64 {
+        let c = open();
+        replayed.push(c.report().replayed_records);
+        for i in 0..per_round {
+            c.write_at(
+                &[round as u8 + 1; 16384],
+                (round * per_round + i) * 16384,
+                false,
+            )
+            .unwrap();
+        }
+        c.flush().unwrap();
+        drop(c); // a crash after the flush
+    }
+    let c = open();
+    replayed.push(c.report().replayed_records);
+    assert!(
+        replayed[2] < per_round && replayed[3] < per_round,
+        "replay grows from crash to crash ({per_round} records per round): {replayed:?}"
+    );
+}

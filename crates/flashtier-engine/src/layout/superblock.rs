@@ -162,10 +162,14 @@ impl Superblock {
         self.generation % 2
     }
 
-    /// Picks the newest valid of the two copies. If neither decodes, the more telling error wins
-    /// (an unknown version says more than a checksum mismatch).
+    /// Picks the newest valid of the two copies. A copy of an unknown version refuses the device
+    /// even if the other copy is fine: a newer flashtier wrote it, and opening the older copy
+    /// would write over what it knows nothing about. If neither decodes, the more telling error
+    /// wins (an unknown version says more than a checksum mismatch).
     pub fn choose(a: &[u8], b: &[u8]) -> Result<Superblock, FormatError> {
         match (Superblock::decode(a), Superblock::decode(b)) {
+            (Err(e @ FormatError::UnsupportedVersion(_)), _)
+            | (_, Err(e @ FormatError::UnsupportedVersion(_))) => Err(e),
             (Ok(x), Ok(y)) => Ok(if y.generation > x.generation { y } else { x }),
             (Ok(x), Err(_)) | (Err(_), Ok(x)) => Ok(x),
             (Err(e1), Err(e2)) => Err(match (&e1, &e2) {
@@ -277,5 +281,20 @@ mod tests {
             Superblock::choose(&v9, &[0u8; LEN]),
             Err(FormatError::UnsupportedVersion(9))
         ));
+    }
+
+    #[test]
+    fn one_copy_of_an_unknown_version_refuses_the_device() {
+        let mut newer = sample();
+        newer.generation = 8;
+        let mut v2 = newer.encode().unwrap();
+        v2[8] = 2;
+        let v1 = sample().encode().unwrap();
+        for (a, b) in [(&v2, &v1), (&v1, &v2)] {
+            assert!(matches!(
+                Superblock::choose(a, b),
+                Err(FormatError::UnsupportedVersion(2))
+            ));
+        }
     }
 }
