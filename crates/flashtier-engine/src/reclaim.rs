@@ -2,9 +2,14 @@
 //!
 //! A background thread wakes when free segments drop to the low-water mark, and empties victim
 //! segments (FIFO: oldest; LRU: least recently read; empty ones first) until enough are free or
-//! waiting for a checkpoint. For each victim: dirty blocks are written back first (never dropped),
-//! blocks read since they were written are copied forward when the policy is LRU, and the rest are
-//! evicted. The victim is then quarantined until a checkpoint no longer references it.
+//! waiting for a checkpoint. For each victim: dirty blocks are copied forward if the victim is at
+//! most a quarter live and the cache holds less than three quarters dirty data, else written back
+//! (never dropped); blocks read since they were written are copied forward when the policy is
+//! LRU (at most half a segment is copied in all, and at most half the cache per reclaim round, so
+//! a round always ends); the rest are evicted. Victims follow the policy, except that a victim
+//! whose dirty blocks would have to be written back gives way to the sparsest segment if that
+//! one's can be copied instead. The victim is then
+//! quarantined until a checkpoint no longer references it.
 
 use std::io;
 use std::sync::Arc;
@@ -58,6 +63,11 @@ fn needs_reclaim(e: &Engine) -> bool {
 /// quarantined ones become free.
 pub(crate) fn reclaim_until_target(e: &Engine) -> io::Result<()> {
     let _turn = e.reclaim_turn.lock();
+    // Copying forward costs log space too (and a segment sealed early wastes some): once a round
+    // has copied half the cache without reaching its target, it only writes back and evicts,
+    // which always frees whole segments.
+    let geo = e.geo;
+    let mut copy_budget = geo.segment_count as u64 * geo.blocks_per_segment() as u64 / 2;
     loop {
         if e.reclaim.lock().stop {
             // Closing: the final checkpoint and the next start take it from here.
@@ -68,7 +78,7 @@ pub(crate) fn reclaim_until_target(e: &Engine) -> io::Result<()> {
             (
                 st.segs.free_count(),
                 st.segs.quarantined_count(),
-                st.segs.pick_victim(e.reclaim_policy()),
+                choose_victim(&st.segs, e.reclaim_policy(), e.geo.blocks_per_segment()),
             )
         };
         if free + quarantined >= e.reclaim_target() {
@@ -82,7 +92,7 @@ pub(crate) fn reclaim_until_target(e: &Engine) -> io::Result<()> {
             continue;
         }
         let Some(victim) = victim else { break };
-        reclaim_segment(e, victim)?;
+        reclaim_segment(e, victim, &mut copy_budget)?;
     }
     if e.state.read().segs.quarantined_count() > 0 {
         e.log.checkpoint()?;
@@ -91,13 +101,58 @@ pub(crate) fn reclaim_until_target(e: &Engine) -> io::Result<()> {
     Ok(())
 }
 
+/// The policy's victim, unless it holds dirty blocks and is more than half live: emptying it
+/// would mean writing them back (a slow backing store's seeks, with clients waiting), so the
+/// sparsest segment goes first if it is at most half live (its dirty blocks can be copied
+/// forward). Clean blocks follow the policy; dirty ones are garbage-collected.
+fn choose_victim(segs: &crate::segments::Segments, policy: ReclaimPolicy, bps: u32) -> Option<u32> {
+    let pick = segs.pick_victim(policy)?;
+    if segs.dirty(pick) == 0 || segs.live(pick) <= max_dirty_copy(bps) {
+        return Some(pick);
+    }
+    match segs.sparsest_sealed() {
+        Some(s) if segs.live(s) <= max_dirty_copy(bps) => Some(s),
+        _ => Some(pick),
+    }
+}
+
+/// A victim's dirty blocks are copied forward only if it holds at most this many live blocks (a
+/// quarter), so emptying it gains most of a segment.
+fn max_dirty_copy(bps: u32) -> u32 {
+    bps / 4
+}
+
 /// Empties one sealed segment and quarantines it.
-pub(crate) fn reclaim_segment(e: &Engine, victim: u32) -> io::Result<()> {
+pub(crate) fn reclaim_segment(e: &Engine, victim: u32, copy_budget: &mut u64) -> io::Result<()> {
     let geo = e.geo;
     let first = geo.first_slot(victim);
     let bps = geo.blocks_per_segment();
 
-    // 1. Dirty blocks go back to the backing store first.
+    // 1. Dirty blocks are copied forward while the cache has room for dirty data and the victim
+    //    is mostly garbage: random writes to a working set that fits the cache then never wait
+    //    for the backing store (writing a victim's scattered dirty blocks back to a slow disk,
+    //    one seek each, stalled clients for seconds per segment). Otherwise, or if copying fails
+    //    for lack of room, they are written back first (never dropped).
+    let room = if e.state.read().segs.free_count() == 0 {
+        0
+    } else {
+        (bps as usize / 2).min(*copy_budget as usize)
+    };
+    let dirty_here: Vec<DirtyBlock> = {
+        let st = e.state.read();
+        let dirty_room = st.segs.total_dirty() <= max_dirty_blocks(e);
+        let live = st.segs.live(victim);
+        if dirty_room && live <= max_dirty_copy(bps) && live as usize <= room {
+            st.index
+                .slots_in(first, bps)
+                .filter(|(_, i)| i.dirty)
+                .map(|(slot, i)| DirtyBlock { lba: i.lba, slot })
+                .collect()
+        } else {
+            Vec::new()
+        }
+    };
+    copy_forward_unless_full(e, victim, &dirty_here)?;
     cleaner::clean_pass(e, |st| {
         st.index
             .slots_in(first, bps)
@@ -106,14 +161,11 @@ pub(crate) fn reclaim_segment(e: &Engine, victim: u32) -> io::Result<()> {
             .collect()
     })?;
 
-    // 2. Recently read blocks are copied forward (LRU), at most half a segment of them, so every
+    // 2. Recently read blocks are copied forward (LRU), up to half a segment in all, so every
     //    victim frees at least half a segment even when all of it was read recently (a hot set
     //    larger than the cache), and none when no free segment is left to copy into.
-    let room = if e.state.read().segs.free_count() == 0 {
-        0
-    } else {
-        bps as usize / 2
-    };
+    *copy_budget -= dirty_here.len() as u64;
+    let room = room.saturating_sub(dirty_here.len());
     if room > 0 && e.reclaim_policy() == ReclaimPolicy::Lru {
         let keep: Vec<DirtyBlock> = {
             let st = e.state.read();
@@ -124,17 +176,8 @@ pub(crate) fn reclaim_segment(e: &Engine, victim: u32) -> io::Result<()> {
                 .take(room)
                 .collect()
         };
-        match move_forward(e, &keep) {
-            Ok(()) => {}
-            // Out of room: what did not move is evicted below, like any other clean block.
-            Err(err) if err.raw_os_error() == Some(libc::ENOSPC) => {
-                tracing::debug!(
-                    segment = victim,
-                    "no room to copy recently read blocks forward"
-                )
-            }
-            Err(err) => return Err(err),
-        }
+        *copy_budget -= keep.len() as u64;
+        copy_forward_unless_full(e, victim, &keep)?;
     }
 
     // 3. Every clean block still in the victim is evicted; eviction needs no log space.
@@ -165,16 +208,48 @@ pub(crate) fn reclaim_segment(e: &Engine, victim: u32) -> io::Result<()> {
     )))
 }
 
-/// Copies clean blocks into the log head as MOVE records (applied only where the block still
+/// Most dirty blocks the cache keeps by copying them forward; beyond this, reclaim writes a
+/// victim's dirty blocks back instead (three quarters of the cache's capacity).
+fn max_dirty_blocks(e: &Engine) -> u64 {
+    let capacity = e.geo.segment_count as u64 * e.geo.blocks_per_segment() as u64;
+    capacity / 4 * 3
+}
+
+/// Copies `blocks` forward; running out of room is not an error (what did not move is then
+/// written back or evicted like the rest of the victim).
+fn copy_forward_unless_full(e: &Engine, victim: u32, blocks: &[DirtyBlock]) -> io::Result<()> {
+    match move_forward(e, blocks) {
+        Ok(()) => Ok(()),
+        Err(err) if err.raw_os_error() == Some(libc::ENOSPC) => {
+            tracing::debug!(segment = victim, "no room to copy blocks forward");
+            Ok(())
+        }
+        Err(err) => Err(err),
+    }
+}
+
+/// Copies blocks into the log head as MOVE records (clean or dirty: a moved block keeps its
+/// state) (applied only where the block still
 /// lives in the victim).
 fn move_forward(e: &Engine, blocks: &[DirtyBlock]) -> io::Result<()> {
     let bs = e.geo.block_size as usize;
     let max = (e.atomic_bytes as usize / bs).max(1);
     let mut sorted = blocks.to_vec();
     sorted.sort_unstable_by_key(|b| b.slot);
+    let (Some(first), Some(last)) = (sorted.first(), sorted.last()) else {
+        return Ok(());
+    };
+    // The blocks lie in one victim segment: one large sequential read of the span holding them
+    // costs far less than a read per scattered block (measured: a quarter of the server's CPU
+    // went to submitting 4 KiB reads while random writes wrapped the log).
+    let span: Vec<DirtyBlock> = (first.slot..=last.slot)
+        .map(|slot| DirtyBlock { lba: 0, slot })
+        .collect();
+    let mut victim_data = AlignedBuf::zeroed(span.len() * bs);
+    cleaner::read_slots(e, &span, &mut victim_data)?;
     let mut i = 0;
     while i < sorted.len() {
-        // Consecutive in both slot and address, so one record (and one read) covers the run.
+        // Consecutive in both slot and address, so one record covers the run.
         let mut j = i + 1;
         while j < sorted.len()
             && j - i < max
@@ -184,8 +259,9 @@ fn move_forward(e: &Engine, blocks: &[DirtyBlock]) -> io::Result<()> {
             j += 1;
         }
         let run = &sorted[i..j];
+        let at = (run[0].slot - first.slot) as usize * bs;
         let mut data = AlignedBuf::zeroed(run.len() * bs);
-        cleaner::read_slots(e, run, &mut data)?;
+        data.copy_from_slice(&victim_data[at..at + run.len() * bs]);
         let rec = Record::new(Kind::Move, run[0].lba, run.len() as u32, Some(data))
             .aux(run[0].slot as u64);
         // Queued together so they share batch headers; waiting for the last one waits for all

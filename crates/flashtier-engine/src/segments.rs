@@ -217,6 +217,13 @@ impl Segments {
 
     /// The sealed segment reclaim should empty next: one without live blocks if there is one
     /// (free to take), else the oldest (FIFO) or least recently read (LRU).
+    /// The sealed segment with the fewest live blocks (the cheapest to empty).
+    pub fn sparsest_sealed(&self) -> Option<u32> {
+        (0..self.count())
+            .filter(|&s| self.state[s as usize] == SegState::Sealed)
+            .min_by_key(|&s| (self.live[s as usize], self.opened_seq[s as usize]))
+    }
+
     pub fn pick_victim(&self, policy: ReclaimPolicy) -> Option<u32> {
         let sealed = (0..self.count()).filter(|&s| self.state[s as usize] == SegState::Sealed);
         if let Some(empty) = sealed.clone().find(|&s| self.live[s as usize] == 0) {
