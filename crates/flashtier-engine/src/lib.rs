@@ -19,8 +19,9 @@
 //! - **Invalidate before bypass**: before any write reaches the backing store around the cache,
 //!   the records that map those blocks are durably superseded, so a crash cannot bring back a
 //!   cached copy older than the backing store.
-//! - **Dirty data is written back, never dropped**: reclaim cleans a victim's dirty blocks before
-//!   evicting anything, and CLEANED records are logged only after the backing store is flushed.
+//! - **Dirty data is written back, never dropped**: reclaim copies a victim's dirty blocks forward
+//!   or writes them back before evicting anything, and blocks are marked clean only after the
+//!   backing store is flushed.
 //!
 //! Random client writes become sequential device writes (segments filled front to back), which
 //! is both the write-throughput trick and what keeps flash wear down. The index maps each cached
