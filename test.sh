@@ -35,7 +35,7 @@ step "unit and integration tests"
 export FLASHTIER_LONG=$long
 cargo test --workspace --locked --release -- --test-threads="${FLASHTIER_TEST_THREADS:-2}"
 
-step "fuzzing the protocol parsers briefly"
+step "fuzzing the protocol parsers and on-device decoders briefly"
 ./fuzz/run.sh "${FLASHTIER_FUZZ_SECONDS:-20}"
 
 step "all tests passed"

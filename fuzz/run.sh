@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fuzzes flashtier's NBD protocol code briefly: builds every cargo-fuzz target, then runs each for
-# SECONDS/3 seconds (at least 5), starting from the committed seeds in fuzz/corpus/<target>/.
+# Fuzzes flashtier's NBD protocol code and on-device format decoders briefly: builds every cargo-fuzz
+# target, then runs each for its share of SECONDS (SECONDS / number of targets, at least 5),
+# starting from the committed seeds in fuzz/corpus/<target>/.
 # Fails if any target crashes, printing where libFuzzer saved the input that did it.
 #
 #   ./fuzz/run.sh [SECONDS]     default 60
@@ -26,12 +27,14 @@ if ! [[ $seconds =~ ^[0-9]+$ ]]; then
     echo "usage: fuzz/run.sh [SECONDS]" >&2
     exit 2
 fi
-per_target=$((seconds / 3))
-((per_target >= 5)) || per_target=5
 
 # target:max_len. The transmission and handshake targets need room for a payload just over 64 KiB
-# (the oversized-WRITE and ERR_TOO_BIG paths); the header and payload parsers need a 4 KiB name.
-targets=(request_header:8192 handshake:70000 transmission:70000)
+# (the oversized-WRITE and ERR_TOO_BIG paths); the header and payload parsers need a 4 KiB name;
+# on_device needs a selector byte and two 4 KiB superblock copies, and gets room for a checkpoint
+# body of a few hundred entries.
+targets=(request_header:8192 handshake:70000 transmission:70000 on_device:16384)
+per_target=$((seconds / ${#targets[@]}))
+((per_target >= 5)) || per_target=5
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "fuzz/run.sh: cargo-fuzz is not installed (scripts/install-deps.sh installs it)" >&2

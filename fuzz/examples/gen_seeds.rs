@@ -7,11 +7,18 @@
 
 use std::fs;
 use std::path::Path;
+use std::sync::Arc;
 
+use flashtier_engine::layout::batch::{BatchHeader, Kind};
+use flashtier_engine::layout::checkpoint::{self, Checkpoint};
+use flashtier_engine::layout::superblock;
+use flashtier_engine::{BackingIdentity, Cache, FormatOptions, Superblock};
 use flashtier_fuzz::client::{client_flags, info_payload, meta_payload, option, request, write};
 use flashtier_fuzz::handshake::{self, Ended};
+use flashtier_fuzz::on_device::{self, BATCH, CHECKPOINT, CHOOSE, FIX_CRC, SUPERBLOCK};
 use flashtier_fuzz::transmission::{self, MAX_PAYLOAD_SMALL};
 use flashtier_fuzz::{quirky, request_header, DEV_SIZE};
+use flashtier_io::{AlignedBuf, BlockDev, MemDev};
 use flashtier_nbd::wire::{cmd, cmd_flag, errno, handshake as hflag, info, opt, BASE_ALLOCATION};
 
 const FIXED_NZ: u32 = hflag::C_FIXED_NEWSTYLE | hflag::C_NO_ZEROES;
@@ -528,11 +535,227 @@ fn request_header_seeds(root: &Path) -> usize {
     w.count
 }
 
+/// A real cache device, for the `on_device` seeds: formatted, used, closed.
+struct Image {
+    /// Right after `format`.
+    formatted: Vec<u8>,
+    /// After some traffic and a clean close.
+    closed: Vec<u8>,
+    /// The superblock the closed device opens with.
+    sb: Superblock,
+}
+
+fn real_cache_image() -> Image {
+    const CACHE_SIZE: usize = 16 << 20;
+    const BACKING_SIZE: usize = 4 << 20;
+    const BS: u64 = 4096;
+    let cache = Arc::new(MemDev::new(CACHE_SIZE));
+    let backing = Arc::new(MemDev::new(BACKING_SIZE));
+    let ident = BackingIdentity {
+        size: BACKING_SIZE as u64,
+        name: "/dev/disk/by-id/fuzz-backing".into(),
+    };
+    let opts = FormatOptions {
+        segment_size: 1 << 20,
+        ..FormatOptions::default()
+    };
+    flashtier_engine::format(&*cache, ident.clone(), opts).expect("format");
+    let formatted = cache.snapshot();
+    let c = Cache::open(cache.clone(), backing.clone(), &ident, None).expect("open");
+    let data = |len: usize, seed: u8| {
+        let mut b = AlignedBuf::zeroed(len);
+        b.copy_from_slice(&pattern(len, seed));
+        b
+    };
+    // WRITE of 3 dirty blocks; WRITE with FUA; a partial block (read-modify-write); a read miss
+    // (PROMOTE); a trim (INVALIDATE); writing the dirty blocks back (CLEANED).
+    c.write_at(&data(3 * BS as usize, 1), 2 * BS, false)
+        .unwrap();
+    c.write_at(&data(BS as usize, 2), 256 * BS, true).unwrap();
+    c.write_at(&data(512, 3), 100 * BS + 512, false).unwrap();
+    let mut r = AlignedBuf::zeroed(2 * BS as usize);
+    c.read_at(&mut r, 64 * BS).unwrap();
+    c.trim(3 * BS, BS).unwrap();
+    c.write_back_all().unwrap();
+    // 64 writes of 4 blocks: more than the 256 blocks of segment 0, so the log seals it.
+    for i in 0..64 {
+        c.write_at(&data(4 * BS as usize, 4), (400 + 4 * i) * BS, false)
+            .unwrap();
+    }
+    c.flush().unwrap();
+    c.close().expect("close");
+    let closed = cache.snapshot();
+    let sb = flashtier_engine::read_superblock(&*cache).expect("superblock");
+    Image {
+        formatted,
+        closed,
+        sb,
+    }
+}
+
+/// A superblock copy with its random uuid and format time replaced, so regenerating the seeds
+/// gives the same bytes (still `Superblock::encode`'s own encoding).
+fn stable_superblock(copy: &[u8]) -> Vec<u8> {
+    let mut sb = Superblock::decode(copy).expect("a superblock copy of the real device");
+    sb.uuid = *b"flashtier-fuzz!!";
+    sb.created = 1_790_000_000;
+    sb.encode().unwrap().to_vec()
+}
+
+/// The checkpoint in `slot` of `img` (header and body), if that slot holds one.
+fn checkpoint_bytes(img: &[u8], sb: &Superblock, slot: u32) -> Option<(u64, Vec<u8>)> {
+    let at = sb.geometry.checkpoint_slot_offset(slot) as usize;
+    let h = Checkpoint::decode_header(&img[at..at + checkpoint::HEADER_LEN]).ok()?;
+    let len = checkpoint::HEADER_LEN + h.body_len as usize;
+    Some((h.number, img[at..at + len].to_vec()))
+}
+
+/// The batch headers of the log, in log order: from segment 0 (the first one a new cache
+/// opens), following each segment's batches, and at a SEAL (or a segment's end) the next segment
+/// in the formatted checkpoint's free list.
+fn log_headers(img: &[u8], sb: &Superblock) -> Vec<(BatchHeader, Vec<u8>)> {
+    let g = &sb.geometry;
+    let bs = g.block_size as usize;
+    let mut out = Vec::new();
+    'segments: for segment in 0..g.segment_count {
+        let mut used = 0;
+        while used < g.blocks_per_segment() {
+            let at = g.slot_offset(g.first_slot(segment) + used) as usize;
+            let block = &img[at..at + bs];
+            let Ok(h) = BatchHeader::decode(block) else {
+                break 'segments;
+            };
+            out.push((h.clone(), block.to_vec()));
+            if h.seal {
+                continue 'segments;
+            }
+            used += 1 + h.data_blocks();
+        }
+    }
+    out
+}
+
+fn on_device_seeds(root: &Path) -> usize {
+    let mut w = Writer::new(root, "on_device");
+    let accepted = on_device::Ended::Accepted;
+    let mut seed =
+        |name: &str, selector: u8, parts: &[&[u8]], want: &dyn Fn(&on_device::Ended) -> bool| {
+            let mut data = vec![selector];
+            for p in parts {
+                data.extend_from_slice(p);
+            }
+            let ended = on_device::run(&data);
+            assert!(want(&ended), "on_device seed {name} ended {ended:?}");
+            w.seed(name, &data);
+        };
+    let ok = |e: &on_device::Ended| *e == accepted;
+    let img = real_cache_image();
+    let sb = &img.sb;
+    let len = superblock::LEN;
+
+    // Superblock copies: the newest (written by the clean close) and the one before it (written
+    // by open: not clean, the new epoch).
+    let newest = sb.copy_index() as usize;
+    let copy = |i: usize| stable_superblock(&img.closed[i * len..(i + 1) * len]);
+    let (a, b) = (copy(0), copy(1));
+    let (new, old) = if newest == 0 { (&a, &b) } else { (&b, &a) };
+    seed("superblock-newest", SUPERBLOCK, &[new], &ok);
+    seed("superblock-older", SUPERBLOCK, &[old], &ok);
+    let mut no_crc = new.clone();
+    no_crc[len - 4..].fill(0);
+    seed("superblock-fix-crc", SUPERBLOCK | FIX_CRC, &[&no_crc], &ok);
+    seed(
+        "superblock-formatted",
+        SUPERBLOCK,
+        &[&stable_superblock(&img.formatted[..len])],
+        &ok,
+    );
+
+    seed("choose-both-copies", CHOOSE, &[&a, &b], &ok);
+    seed("choose-swapped", CHOOSE, &[&b, &a], &ok);
+    let mut torn = new.clone();
+    torn[2000] ^= 0x40;
+    seed("choose-newest-torn", CHOOSE, &[&torn, old], &ok);
+    seed("choose-one-copy-blank", CHOOSE, &[old, &vec![0; len]], &ok);
+    seed("choose-fix-crc", CHOOSE | FIX_CRC, &[&no_crc, old], &ok);
+    let mut v2 = new.clone();
+    v2[8] = 2;
+    seed(
+        "choose-unknown-version",
+        CHOOSE | FIX_CRC,
+        &[old, &v2],
+        &|e| matches!(e, on_device::Ended::Rejected(m) if m.contains("version 2")),
+    );
+
+    // Checkpoints: the formatted device's (every segment free, no entries) and the newest one
+    // after the close (a log head, the index).
+    let (n0, formatted_ckpt) =
+        checkpoint_bytes(&img.formatted, sb, 0).expect("the format's checkpoint");
+    assert_eq!(n0, 0);
+    seed("checkpoint-formatted", CHECKPOINT, &[&formatted_ckpt], &ok);
+    let closed_ckpt = (0..2)
+        .filter_map(|slot| checkpoint_bytes(&img.closed, sb, slot))
+        .max_by_key(|(n, _)| *n)
+        .map(|(_, b)| b)
+        .unwrap();
+    let entries = Checkpoint::decode_header(&closed_ckpt).unwrap().entry_count;
+    assert!(entries > 0, "the closed cache's checkpoint holds no blocks");
+    seed("checkpoint-closed", CHECKPOINT, &[&closed_ckpt], &ok);
+    let mut no_crc = closed_ckpt.clone();
+    no_crc[72..76].fill(0);
+    no_crc[checkpoint::HEADER_LEN - 4..checkpoint::HEADER_LEN].fill(0);
+    seed("checkpoint-fix-crc", CHECKPOINT | FIX_CRC, &[&no_crc], &ok);
+
+    // Batch headers from the log: the first batch of each combination of record kinds (group
+    // commit may put several records in one batch), and the first seal.
+    let headers = log_headers(&img.closed, sb);
+    let mut names: Vec<String> = Vec::new();
+    for (h, block) in &headers {
+        let mut kinds: Vec<&str> = Vec::new();
+        for e in &h.entries {
+            let k = match e.kind {
+                Kind::Write => "write",
+                Kind::Promote => "promote",
+                Kind::Move => "move",
+                Kind::Invalidate => "invalidate",
+                Kind::Cleaned => "cleaned",
+            };
+            if !kinds.contains(&k) {
+                kinds.push(k);
+            }
+        }
+        let name = if h.seal {
+            "batch-seal".to_string()
+        } else {
+            format!("batch-{}", kinds.join("-"))
+        };
+        if !names.contains(&name) {
+            seed(&name, BATCH, &[&block[..4096]], &ok);
+            names.push(name);
+        }
+    }
+    for want in ["write", "promote", "invalidate", "cleaned", "seal"] {
+        assert!(
+            names.iter().any(|n| n.split('-').any(|k| k == want)),
+            "the log lacks a {want} batch: found {names:?}"
+        );
+    }
+    if let Some((_, block)) = headers.iter().max_by_key(|(h, _)| h.entries.len()) {
+        let mut no_crc = block[..4096].to_vec();
+        no_crc[4092..].fill(0);
+        seed("batch-fix-crc", BATCH | FIX_CRC, &[&no_crc], &ok);
+    }
+    w.count
+}
+
 fn main() {
     let root = std::env::args_os()
         .nth(1)
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus"));
-    let n = handshake_seeds(&root) + transmission_seeds(&root) + request_header_seeds(&root);
+    let n = handshake_seeds(&root)
+        + transmission_seeds(&root)
+        + request_header_seeds(&root)
+        + on_device_seeds(&root);
     println!("wrote {n} seeds under {}", root.display());
 }

@@ -1,11 +1,13 @@
 //! The fuzz harnesses, as plain functions so the seed generator (`examples/gen_seeds.rs`) can run
 //! every seed through them and check it goes where it is meant to.
 //!
-//! Each harness panics on anything the server must never do: a panic in the server itself, or a
-//! reply stream that breaks an invariant checked here. Returning normally means "fine".
+//! Each harness panics on anything the code under test must never do: a panic in the server or a
+//! decoder itself, or a reply stream or decoded value that breaks an invariant checked here.
+//! Returning normally means "fine".
 
 pub mod client;
 pub mod handshake;
+pub mod on_device;
 pub mod quirky;
 pub mod request_header;
 pub mod transmission;

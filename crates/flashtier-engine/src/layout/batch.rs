@@ -113,6 +113,9 @@ pub enum BatchError {
     Malformed(&'static str),
 }
 
+/// Most data blocks a batch can hold (a 1 GiB segment of 4 KiB blocks).
+const MAX_BATCH_DATA_BLOCKS: u64 = 1 << 18;
+
 impl BatchHeader {
     pub fn data_blocks(&self) -> u32 {
         self.entries.iter().map(Entry::data_blocks).sum()
@@ -179,6 +182,12 @@ impl BatchHeader {
             }
             entries.push(e);
         }
+        // Summed wide: crafted entries must not wrap around to the recorded count. No segment
+        // holds more than 2^18 blocks (1 GiB of 4 KiB blocks), so neither can a batch.
+        let total: u64 = entries.iter().map(|e| e.data_blocks() as u64).sum();
+        if total > MAX_BATCH_DATA_BLOCKS {
+            return Err(BatchError::Malformed("batch larger than any segment"));
+        }
         let header = BatchHeader {
             seq_first: le::u64(b, 8),
             epoch: le::u64(b, 16),
@@ -202,6 +211,26 @@ pub fn data_crc(data: &[u8]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by fuzzing: records whose block counts wrap a 32-bit sum to the recorded total.
+    #[test]
+    fn block_counts_that_overflow_are_malformed() {
+        let mut h = sample();
+        h.entries.truncate(1);
+        h.entries.push(h.entries[0].clone());
+        let mut b = vec![0u8; HEADER_FIELDS];
+        h.encode(&mut b);
+        for i in 0..2 {
+            le::put_u32(&mut b, ENTRIES_AT + i * ENTRY_LEN + 16, 1 << 31);
+        }
+        le::put_u32(&mut b, 28, 0);
+        let crc = crc32c::crc32c(&b[..HEADER_FIELDS - 4]);
+        le::put_u32(&mut b, HEADER_FIELDS - 4, crc);
+        assert!(matches!(
+            BatchHeader::decode(&b),
+            Err(BatchError::Malformed(_))
+        ));
+    }
     use proptest::prelude::*;
 
     fn sample() -> BatchHeader {

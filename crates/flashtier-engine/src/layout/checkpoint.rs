@@ -138,7 +138,11 @@ impl Checkpoint {
             body_len: le::u64(h, 64),
             body_crc: le::u32(h, 72),
         };
-        if header.body_len != header.free_count as u64 * 4 + header.entry_count * 16 {
+        let expected_len = header
+            .entry_count
+            .checked_mul(16)
+            .and_then(|n| n.checked_add(header.free_count as u64 * 4));
+        if expected_len != Some(header.body_len) {
             return Err(FormatError::Corrupt(
                 "checkpoint body length is inconsistent".into(),
             ));
@@ -184,6 +188,23 @@ impl Checkpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by fuzzing: an entry count whose byte length wraps around to the recorded one.
+    #[test]
+    fn counts_that_overflow_the_body_length_are_corrupt() {
+        let mut b = sample().encode();
+        for (entries, free, body_len) in [(1u64 << 60, 0u32, 0u64), ((1 << 60) - 3, 13, 4)] {
+            le::put_u64(&mut b, 48, entries);
+            le::put_u32(&mut b, 56, free);
+            le::put_u64(&mut b, 64, body_len);
+            let crc = crc32c::crc32c(&b[..HEADER_LEN - 4]);
+            le::put_u32(&mut b, HEADER_LEN - 4, crc);
+            assert!(matches!(
+                Checkpoint::decode_header(&b),
+                Err(FormatError::Corrupt(_))
+            ));
+        }
+    }
 
     fn sample() -> Checkpoint {
         Checkpoint {

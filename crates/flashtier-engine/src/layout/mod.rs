@@ -133,7 +133,14 @@ impl Geometry {
 
     /// Bytes of the device the geometry uses.
     pub fn used_size(&self) -> u64 {
-        self.data_offset + self.segment_count as u64 * self.segment_size as u64
+        self.checked_used_size()
+            .expect("a geometry from compute() or a decoded superblock fits in u64")
+    }
+
+    /// `used_size`, or None if a (corrupt) geometry overflows.
+    pub fn checked_used_size(&self) -> Option<u64> {
+        self.data_offset
+            .checked_add(self.segment_count as u64 * self.segment_size as u64)
     }
 }
 

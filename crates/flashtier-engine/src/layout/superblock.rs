@@ -129,9 +129,14 @@ impl Superblock {
             && geometry.segment_size >= 16 * geometry.block_size
             && geometry.segment_count >= 4
             && geometry.checkpoint_offset >= 2 * META_BLOCK
-            && geometry.data_offset
-                >= geometry.checkpoint_offset + 2 * geometry.checkpoint_slot_size
-            && geometry.used_size() <= device_size;
+            && geometry
+                .checkpoint_slot_size
+                .checked_mul(2)
+                .and_then(|slots| geometry.checkpoint_offset.checked_add(slots))
+                .is_some_and(|end| geometry.data_offset >= end)
+            && geometry
+                .checked_used_size()
+                .is_some_and(|used| used <= device_size);
         if !sane {
             return Err(FormatError::Corrupt(format!(
                 "superblock geometry is inconsistent: {geometry:?}"
@@ -186,6 +191,29 @@ impl Superblock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by fuzzing: geometry fields whose sums wrap around to something that looks sane.
+    #[test]
+    fn geometry_that_overflows_is_corrupt() {
+        let good = sample().encode().unwrap();
+        let patch = |at: usize, value: u64| {
+            let mut b = good.clone();
+            le::put_u64(&mut b, at, value);
+            let crc = crc32c::crc32c(&b[..LEN - 4]);
+            le::put_u32(&mut b, LEN - 4, crc);
+            b
+        };
+        for (what, b) in [
+            ("checkpoint slot size", patch(64, 1 << 63)),
+            ("checkpoint offset", patch(56, u64::MAX - 4096)),
+            ("data offset", patch(72, u64::MAX - (15 << 20))),
+        ] {
+            assert!(
+                matches!(Superblock::decode(&b), Err(FormatError::Corrupt(_))),
+                "{what}"
+            );
+        }
+    }
 
     pub(crate) fn sample() -> Superblock {
         Superblock {
