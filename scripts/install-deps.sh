@@ -10,7 +10,11 @@ packages=(
     fio             # workloads with verification, nbd engine
     fuse3           # fusermount3 for nbdfuse
     e2fsprogs       # mkfs.ext4, e2fsck
-    util-linux      # losetup, mount
+    util-linux      # losetup, mount, fincore (benchmarks)
+    python3-matplotlib  # the benchmarks' plots (bench/*.py re-run under /usr/bin/python3 for it)
+    linux-perf      # perf stat: bench/cache_writes.py counts the log writer's batches with it
+    mariadb-server  # mariadbd, mariadb-install-db, mysqlcheck: a real database crashed on flashtier
+    sysbench        # OLTP load for that database
 )
 missing=()
 for p in "${packages[@]}"; do
