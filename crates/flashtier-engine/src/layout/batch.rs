@@ -217,7 +217,7 @@ mod tests {
     fn block_counts_that_overflow_are_malformed() {
         let mut h = sample();
         h.entries.truncate(1);
-        h.entries.push(h.entries[0].clone());
+        h.entries.push(h.entries[0]);
         let mut b = vec![0u8; HEADER_FIELDS];
         h.encode(&mut b);
         for i in 0..2 {

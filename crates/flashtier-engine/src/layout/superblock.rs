@@ -197,7 +197,7 @@ mod tests {
     fn geometry_that_overflows_is_corrupt() {
         let good = sample().encode().unwrap();
         let patch = |at: usize, value: u64| {
-            let mut b = good.clone();
+            let mut b = good;
             le::put_u64(&mut b, at, value);
             let crc = crc32c::crc32c(&b[..LEN - 4]);
             le::put_u32(&mut b, LEN - 4, crc);

@@ -4,6 +4,9 @@
 //! One test binary (faster to link, one place to look). Tests that need a tool fail with a clear
 //! message when it is missing; `./test.sh` installs them all.
 
+mod cache_cli;
+mod crash;
 mod harness;
+mod mariadb;
 mod protocol;
 mod tools;

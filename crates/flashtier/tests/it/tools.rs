@@ -6,11 +6,10 @@
 
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::harness::{self, Server};
+use crate::harness::{self, path_str, run_any, text, wait_or_kill, wait_until, FuseLoop, Server};
 
 const MIB: usize = 1024 * 1024;
 
@@ -29,26 +28,6 @@ fn random_bytes(size: usize, seed: u64) -> Vec<u8> {
         chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
     }
     data
-}
-
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("UTF-8 path")
-}
-
-/// stdout and stderr of a finished command, for messages and greps.
-fn text(out: &Output) -> String {
-    format!(
-        "--- stdout\n{}\n--- stderr\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-/// Runs a command that may fail; returns its output.
-fn run_any(cmd: &mut Command) -> Output {
-    cmd.stdin(Stdio::null())
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"))
 }
 
 /// Panics (with a useful message) unless `a == b`; names the first differing byte.
@@ -132,35 +111,6 @@ fn qemu_io(uri: &str, commands: &[&str]) -> String {
         out.status
     );
     all
-}
-
-/// Polls `cond` every 20 ms until it holds; panics with `what` after `timeout`.
-fn wait_until(timeout: Duration, what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !cond() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?}: {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Waits up to `timeout` for `child` to exit; kills it if it does not. Returns the exit status if
-/// it exited on its own.
-fn wait_or_kill(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Ok(Some(status)) = child.try_wait() {
-            return Some(status);
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// A child process killed (and reaped) when dropped, so a failing test leaves nothing behind.
@@ -663,84 +613,6 @@ fn fio_verified_random_writes_four_connections() {
 // nbdfuse + loop device + ext4
 // ---------------------------------------------------------------------------------------------
 
-/// Everything the ext4-over-nbdfuse test sets up, torn down (best effort) on drop, so a failing
-/// test does not leave mounts or loop devices behind.
-struct FuseStack {
-    fuse_dir: PathBuf,
-    nbdfuse: Option<Child>,
-    loop_dev: Option<String>,
-    mounted: Option<PathBuf>,
-}
-
-impl FuseStack {
-    fn umount_ext4(&mut self) {
-        if let Some(mnt) = &self.mounted {
-            harness::run(Command::new("umount").arg(mnt));
-            self.mounted = None;
-        }
-    }
-
-    fn mount_ext4(&mut self, mnt: &Path) {
-        let dev = self.loop_dev.clone().expect("no loop device");
-        harness::run(Command::new("mount").arg(&dev).arg(mnt));
-        self.mounted = Some(mnt.to_path_buf());
-    }
-
-    fn detach_loop(&mut self) {
-        if let Some(dev) = &self.loop_dev {
-            harness::run(Command::new("losetup").arg("-d").arg(dev));
-            self.loop_dev = None;
-        }
-    }
-
-    /// Unmounts the FUSE file system (retrying while the loop device lets go of it) and waits for
-    /// nbdfuse to exit; returns its exit status.
-    fn unmount_fuse(&mut self) -> std::process::ExitStatus {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let out = run_any(Command::new("fusermount3").arg("-u").arg(&self.fuse_dir));
-            if out.status.success() {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "fusermount3 -u {:?} keeps failing:\n{}",
-                self.fuse_dir,
-                text(&out)
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let mut child = self.nbdfuse.take().expect("nbdfuse not running");
-        wait_or_kill(&mut child, Duration::from_secs(10))
-            .expect("nbdfuse did not exit within 10 s of fusermount3 -u")
-    }
-}
-
-impl Drop for FuseStack {
-    fn drop(&mut self) {
-        let quiet = |cmd: &mut Command| {
-            let _ = cmd
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-        };
-        if let Some(mnt) = self.mounted.take() {
-            quiet(Command::new("umount").arg(&mnt));
-            quiet(Command::new("umount").arg("-l").arg(&mnt));
-        }
-        if let Some(dev) = self.loop_dev.take() {
-            quiet(Command::new("losetup").arg("-d").arg(&dev));
-        }
-        if let Some(mut child) = self.nbdfuse.take() {
-            quiet(Command::new("fusermount3").arg("-u").arg(&self.fuse_dir));
-            if wait_or_kill(&mut child, Duration::from_secs(5)).is_none() {
-                quiet(Command::new("fusermount3").arg("-uz").arg(&self.fuse_dir));
-            }
-        }
-    }
-}
-
 #[test]
 fn ext4_on_loop_device_over_nbdfuse() {
     for tool in [
@@ -765,40 +637,12 @@ fn ext4_on_loop_device_over_nbdfuse() {
     fs::create_dir(&fuse_dir).unwrap();
     fs::create_dir(&mnt).unwrap();
     let fuse_log = dir.path().join("nbdfuse.log");
-    let nbdfuse = Command::new("nbdfuse")
-        .arg(&fuse_dir)
-        .arg(&server.uri)
-        .stdin(Stdio::null())
-        .stdout(fs::File::create(&fuse_log).unwrap())
-        .stderr(fs::File::create(dir.path().join("nbdfuse.err")).unwrap())
-        .spawn()
-        .expect("cannot start nbdfuse");
     // Declared after `server`, so dropped (torn down) before the server goes away.
-    let mut stack = FuseStack {
-        fuse_dir: fuse_dir.clone(),
-        nbdfuse: Some(nbdfuse),
-        loop_dev: None,
-        mounted: None,
-    };
-    let file = fuse_dir.join("nbd");
-    wait_until(
-        Duration::from_secs(10),
-        "nbdfuse to expose MOUNTDIR/nbd",
-        || fs::metadata(&file).is_ok_and(|m| m.len() == 256 * MIB as u64),
-    );
-
-    let dev = harness::run_stdout(
-        Command::new("losetup")
-            .args(["--find", "--show"])
-            .arg(&file),
-    )
-    .trim()
-    .to_string();
-    assert!(dev.starts_with("/dev/loop"), "losetup printed {dev:?}");
-    stack.loop_dev = Some(dev.clone());
+    let mut stack = FuseLoop::attach(&fuse_dir, &server.uri, 256 * MIB as u64, &fuse_log);
+    let dev = stack.dev().to_string();
 
     harness::run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&dev));
-    stack.mount_ext4(&mnt);
+    stack.mount(&mnt);
     let files: Vec<(String, Vec<u8>)> = vec![
         ("small.txt".into(), b"flashtier was here\n".to_vec()),
         ("a.bin".into(), random_bytes(3 * MIB, 11)),
@@ -810,17 +654,11 @@ fn ext4_on_loop_device_over_nbdfuse() {
         fs::write(mnt.join(name), data).unwrap();
     }
     harness::run(&mut Command::new("sync"));
-    stack.umount_ext4();
+    stack.umount();
 
-    let fsck = run_any(Command::new("e2fsck").arg("-fn").arg(&dev));
-    assert!(
-        fsck.status.success(),
-        "e2fsck -fn {dev} found problems ({}):\n{}",
-        fsck.status,
-        text(&fsck)
-    );
+    harness::assert_fsck_clean(&dev, "after writing files");
 
-    stack.mount_ext4(&mnt);
+    stack.mount(&mnt);
     for (name, data) in &files {
         assert_same_bytes(
             &fs::read(mnt.join(name)).unwrap(),
@@ -828,25 +666,16 @@ fn ext4_on_loop_device_over_nbdfuse() {
             &format!("{name} after remount"),
         );
     }
-    stack.umount_ext4();
-    stack.detach_loop();
-    let status = stack.unmount_fuse();
+    let status = stack.detach();
     assert!(
         status.success(),
         "nbdfuse exited with {status}:\n{}",
-        fs::read_to_string(dir.path().join("nbdfuse.err")).unwrap_or_default()
+        fs::read_to_string(&fuse_log).unwrap_or_default()
     );
-    drop(stack);
 
     // After a graceful stop the backing file itself is a clean ext4 image holding the files.
     server.stop();
-    let fsck = run_any(Command::new("e2fsck").arg("-fn").arg(&img));
-    assert!(
-        fsck.status.success(),
-        "e2fsck -fn on the backing file found problems ({}):\n{}",
-        fsck.status,
-        text(&fsck)
-    );
+    harness::assert_fsck_clean(&img, "(the backing file after a graceful stop)");
     for (name, data) in &files {
         let out = dir.path().join("dumped");
         let _ = fs::remove_file(&out);
