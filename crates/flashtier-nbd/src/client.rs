@@ -429,7 +429,15 @@ impl Conn {
                 continue;
             }
             let mut data = vec![0u8; slot.read_len];
-            stream.read_exact(&mut data)?;
+            // The request is no longer pending: if the connection dies in the middle of its
+            // data, fail it here, or its caller would wait forever.
+            if let Err(e) = stream.read_exact(&mut data) {
+                slot.complete(Err(io::Error::new(
+                    e.kind(),
+                    format!("NBD backing connection failed during a read reply: {e}"),
+                )));
+                return Err(e);
+            }
             slot.complete(Ok(data));
         }
     }
