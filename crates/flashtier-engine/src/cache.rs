@@ -122,7 +122,8 @@ impl Cache {
     }
 
     /// Switches mode. Leaving write-back writes every dirty block back first (while writes
-    /// continue in write-back), then switches and writes back what arrived meanwhile.
+    /// continue in write-back), then holds writes off while it writes back what arrived
+    /// meanwhile and switches: a pass-through read must never find a dirty block unwritten.
     pub fn set_mode(&self, mode: Mode) -> io::Result<()> {
         if self.mode() == mode {
             return Ok(());
@@ -130,15 +131,12 @@ impl Cache {
         if !mode.keeps_dirty_data() {
             self.write_back_all()?;
         }
-        {
-            // Writes decide what to do by the mode when they start; wait for those in flight,
-            // or a write-back write could leave a dirty block behind the final write-back.
-            let _no_writes_in_flight = self.e.rmw.write();
-            self.e.set_mode_flag(mode);
-        }
+        // Writes decide what to do by the mode when they start; this waits for those in flight.
+        let _no_writes_in_flight = self.e.rmw.write();
         if !mode.keeps_dirty_data() {
             self.write_back_all()?;
         }
+        self.e.set_mode_flag(mode);
         Ok(())
     }
 
@@ -437,12 +435,15 @@ impl Cache {
                 let _turn = e.guards.write_through_lock(lba, n);
                 let mut busy = e.guards.busy(lba, n);
                 let records = self.log_blocks(lba, data, true)?;
+                let blocks = self.written_blocks(&records);
                 e.log.sync(false)?;
                 self.backing_write(data, lba * bs, fua, Some(&mut busy))?;
                 if fua {
-                    self.log_clean(&records);
+                    cleaner::mark_clean(e, &blocks.0, &blocks.1);
                 } else {
-                    e.unflushed_write_through.lock().extend(records);
+                    let mut pending = e.unflushed_write_through.lock();
+                    pending.0.extend(blocks.0);
+                    pending.1.extend(blocks.1);
                 }
             }
             Mode::WriteAround | Mode::PassThrough => {
@@ -464,18 +465,20 @@ impl Cache {
         if !e.backing_unflushed.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
-        let pending: Vec<(u64, u32, u32)> = std::mem::take(&mut *e.unflushed_write_through.lock());
+        let (blocks, generations) = std::mem::take(&mut *e.unflushed_write_through.lock());
         if let Err(err) = engine::flush_backing(e) {
             e.backing_unflushed.store(true, Ordering::Release);
-            e.unflushed_write_through.lock().extend(pending);
+            let mut pending = e.unflushed_write_through.lock();
+            pending.0.extend(blocks);
+            pending.1.extend(generations);
             return Err(err);
         }
-        self.log_clean(&pending);
+        cleaner::mark_clean(e, &blocks, &generations);
         Ok(())
     }
 
-    /// Marks write-through records clean once the backing store holds them durably.
-    fn log_clean(&self, records: &[(u64, u32, u32)]) {
+    /// The blocks `log_blocks` wrote, with their segments' generations (for `mark_clean`).
+    fn written_blocks(&self, records: &[(u64, u32, u32)]) -> (Vec<cleaner::DirtyBlock>, Vec<u64>) {
         let blocks: Vec<cleaner::DirtyBlock> = records
             .iter()
             .filter(|(_, slot, _)| *slot != u32::MAX)
@@ -486,7 +489,8 @@ impl Cache {
                 })
             })
             .collect();
-        cleaner::mark_clean(&self.e, &blocks);
+        let generations = cleaner::generations_of(&self.e, &self.e.state.read(), &blocks);
+        (blocks, generations)
     }
 
     /// The part of the export past the last whole cache block is never cached.

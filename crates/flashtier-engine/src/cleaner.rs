@@ -26,6 +26,7 @@ use flashtier_io::AlignedBuf;
 use crate::engine::Engine;
 use crate::layout::batch::Kind;
 use crate::log::Record;
+use crate::state::State;
 use crate::stats::Stats;
 
 /// Largest single write to the backing store.
@@ -45,11 +46,16 @@ pub(crate) fn clean_pass(
     select: impl FnOnce(&crate::state::State) -> Vec<DirtyBlock>,
 ) -> io::Result<u64> {
     let _exclusive = e.backing_order.write();
-    let mut blocks = select(&e.state.read());
+    let (blocks, generations) = {
+        let st = e.state.read();
+        let mut blocks = select(&st);
+        blocks.sort_unstable();
+        let generations = generations_of(e, &st, &blocks);
+        (blocks, generations)
+    };
     if blocks.is_empty() {
         return Ok(0);
     }
-    blocks.sort_unstable();
     e.log.sync(true)?;
 
     let bs = e.geo.block_size as u64;
@@ -73,21 +79,36 @@ pub(crate) fn clean_pass(
     }
     crate::engine::flush_backing(e)?;
 
-    mark_clean(e, &blocks);
+    mark_clean(e, &blocks, &generations);
     Stats::add(&e.stats.cleaned_blocks, blocks.len() as u64);
     Ok(blocks.len() as u64)
 }
 
+/// The generation of each block's segment, to pass to [`mark_clean`] later.
+pub(crate) fn generations_of(e: &Engine, st: &State, blocks: &[DirtyBlock]) -> Vec<u64> {
+    blocks
+        .iter()
+        .map(|b| st.segs.generation(e.geo.segment_of(b.slot)))
+        .collect()
+}
+
 /// Marks blocks clean where they still live in the slot that was written back, and logs CLEANED
 /// hints for runs consecutive in both address and slot. Call only once the backing store holds
-/// the blocks durably.
-pub(crate) fn mark_clean(e: &Engine, blocks: &[DirtyBlock]) {
-    {
+/// the blocks durably. `generations` are the blocks' segments' generations when the blocks were
+/// chosen: a segment reclaimed and reused since (its dirty blocks copied forward) may hold a
+/// newer write of the same block in the same slot, which must stay dirty.
+pub(crate) fn mark_clean(e: &Engine, blocks: &[DirtyBlock], generations: &[u64]) {
+    let cleaned: Vec<DirtyBlock> = {
         let mut st = e.state.write();
-        for b in blocks {
-            st.clean(b.lba, b.slot);
+        let mut cleaned = Vec::with_capacity(blocks.len());
+        for (b, &g) in blocks.iter().zip(generations) {
+            if st.segs.generation(e.geo.segment_of(b.slot)) == g && st.clean(b.lba, b.slot) {
+                cleaned.push(*b);
+            }
         }
-    }
+        cleaned
+    };
+    let blocks = &cleaned[..];
     let mut k = 0;
     while k < blocks.len() {
         let mut m = k + 1;

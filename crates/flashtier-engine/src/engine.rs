@@ -50,9 +50,9 @@ pub struct Engine {
     /// One reclaim at a time (the background thread or `Cache::reclaim_now`): two would pick
     /// the same victim.
     pub(crate) reclaim_turn: Mutex<()>,
-    /// Write-through blocks written to the backing store but not yet flushed there:
-    /// `(lba, slot, blocks)`; logged clean after the next backing flush.
-    pub(crate) unflushed_write_through: Mutex<Vec<(u64, u32, u32)>>,
+    /// Write-through blocks written to the backing store but not yet flushed there, with their
+    /// segments' generations; marked clean after the next backing flush.
+    pub(crate) unflushed_write_through: Mutex<(Vec<crate::cleaner::DirtyBlock>, Vec<u64>)>,
     pub(crate) started: Instant,
     pub(crate) reclaim: Mutex<ReclaimControl>,
     pub(crate) reclaim_cv: Condvar,
@@ -295,7 +295,7 @@ pub(crate) fn open_engine(
         backing_unflushed: AtomicBool::new(false),
         backing_flush_turn: Mutex::new(()),
         reclaim_turn: Mutex::new(()),
-        unflushed_write_through: Mutex::new(Vec::new()),
+        unflushed_write_through: Mutex::new((Vec::new(), Vec::new())),
         started: Instant::now(),
         reclaim: Mutex::new(ReclaimControl::default()),
         reclaim_cv: Condvar::new(),

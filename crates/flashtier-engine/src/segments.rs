@@ -217,6 +217,12 @@ impl Segments {
 
     /// The sealed segment reclaim should empty next: one without live blocks if there is one
     /// (free to take), else the oldest (FIFO) or least recently read (LRU).
+    /// Changes each time the segment is reused: a slot remembered with its segment's generation
+    /// still holds what it held then only while the generation is the same.
+    pub fn generation(&self, seg: u32) -> u64 {
+        self.opened_seq[seg as usize]
+    }
+
     /// The sealed segment with the fewest live blocks (the cheapest to empty).
     pub fn sparsest_sealed(&self) -> Option<u32> {
         (0..self.count())

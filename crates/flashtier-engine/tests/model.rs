@@ -34,8 +34,10 @@
 //! earlier (promotion of unflushed backing data, FLUSH after reopen, write-zeroes in the uncached
 //! tail, concurrent FLUSHes, a write in flight during a switch to pass-through, concurrent
 //! write-through writes of one block, `reclaim_now` racing writers, whole-export reads with LRU
-//! reclaim, use after recovering a torn log, reclaim progress with a small cache), and
-//! `#[ignore]`d deterministic reproducers of open engine bugs and of a contract gap.
+//! reclaim, use after recovering a torn log, reclaim progress with a small cache, reads during a
+//! switch to pass-through, a deferred write-through clean after its slot was reused), and an
+//! `#[ignore]`d reproducer of a contract gap (writes around the cache are only as atomic as the
+//! backing store).
 //!
 //! `FLASHTIER_LONG=1` runs 10x the cases (4000); `FLASHTIER_SEED=<n>` picks the proptest seed
 //! (printed on failure).
@@ -1008,19 +1010,19 @@ fn random_writes_through_a_small_cache_make_progress() {
 
 /// A read issued while the cache switches to pass-through returns the last acknowledged write.
 ///
-/// Engine bug: `set_mode(PassThrough)` writes dirty blocks back, flips the mode (after writes in
+/// This was an engine bug: `set_mode(PassThrough)` wrote dirty blocks back, flipped the mode (after writes in
 /// flight finish), then writes back what arrived meanwhile; but pass-through reads go straight to
 /// the backing store as soon as the mode flips (`Cache::read_at`), so between the flip and the
 /// end of the second write-back, a block written (write-back) during the first write-back reads
 /// as its old backing-store content. Found by `power_loss_with_concurrent_writers` (a writer
 /// reading back its own block got the initial data).
+/// Now the switch writes back what arrived meanwhile with writes held off, then flips the mode.
 ///
 /// Sequence: write-back; write Y to block 5; `set_mode(PassThrough)` starts, its first write-back
 /// of block 5 is parked at the backing store; write X to block 0 (acknowledged, dirty);
-/// release: the mode flips and the second write-back of block 0 is parked at the backing store;
-/// read block 0. Expected X; actual: the backing store's old content.
+/// release: the second write-back of block 0 is parked at the backing store; read block 0.
+/// Expected X.
 #[test]
-#[ignore = "engine bug: pass-through reads bypass dirty blocks not yet written back by the switch"]
 fn reads_during_a_switch_to_pass_through_see_the_last_write() {
     let cdev = Arc::new(CrashDev::new(2 << 20));
     let bdev = Arc::new(CrashDev::from_image(pattern(7, 1 << 20)));
@@ -1041,7 +1043,6 @@ fn reads_during_a_switch_to_pass_through_see_the_last_write() {
     c.write_at(&x, 0, false).unwrap();
     gate5.release();
     gate0.wait_parked();
-    assert_eq!(c.mode(), Mode::PassThrough);
     let reader = {
         let c = c.clone();
         std::thread::spawn(move || read_block(&c, 0))
@@ -1053,6 +1054,7 @@ fn reads_during_a_switch_to_pass_through_see_the_last_write() {
     }
     gate0.release();
     switch.join().unwrap().unwrap();
+    assert_eq!(c.mode(), Mode::PassThrough);
     let got = reader.join().unwrap();
     assert!(
         got == x,
@@ -1064,8 +1066,9 @@ fn reads_during_a_switch_to_pass_through_see_the_last_write() {
 /// Marking write-through blocks clean after a backing flush must not clean a newer write of the
 /// same block that happens to land in the same cache slot.
 ///
-/// Engine bug: a write-through write remembers `(lba, slot)` in `unflushed_write_through` until
-/// the next client FLUSH, which then marks that slot clean if it still holds that lba
+/// This was an engine bug (now the deferred clean also checks the slot's segment was not reused
+/// since: segment generations): a write-through write remembered `(lba, slot)` until the next
+/// client FLUSH, which then marked that slot clean if it still held that lba
 /// (`Cache::flush_backing_if_written` -> `log_clean` -> `State::clean`). Meanwhile the slot can
 /// be reclaimed and reused by a write-back write of the same block: that newer write, which the
 /// backing store does not have, is then marked clean (and a CLEANED hint logged), so it is lost
@@ -1078,7 +1081,6 @@ fn reads_during_a_switch_to_pass_through_see_the_last_write() {
 /// switch to pass-through; read block 0. Expected: the last write. Actual: X for the N whose last
 /// write lands in X's old slot (N = 120 here), with `dirty_blocks` 0 after the FLUSH.
 #[test]
-#[ignore = "engine bug: a write-through block's deferred clean marks a newer write in the reused slot clean"]
 fn deferred_write_through_clean_does_not_clean_a_newer_write() {
     let mut lost = Vec::new();
     for n in 100..140u64 {
