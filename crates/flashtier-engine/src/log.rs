@@ -776,7 +776,7 @@ impl Writer {
         Stats::add(&self.e.stats.checkpoints, 1);
         let released = self.e.state.write().segs.release(quarantined);
         if !released.is_empty() {
-            self.wait_for_readers(&released);
+            crate::state::wait_for_readers(&self.e.state, &released);
             self.client_blocked = false;
         }
         tracing::debug!(
@@ -786,17 +786,6 @@ impl Writer {
             "checkpoint"
         );
         Ok(())
-    }
-
-    /// Reads that found a block in a segment before it was emptied may still be running; its
-    /// slots are rewritten only once they finish.
-    fn wait_for_readers(&self, segments: &[u32]) {
-        let st = self.e.state.read();
-        for &s in segments {
-            while st.segs.readers(s) > 0 {
-                std::thread::sleep(Duration::from_micros(50));
-            }
-        }
     }
 }
 

@@ -2,6 +2,10 @@
 //! record to them. Live operation and crash recovery both go through [`State::apply`], in log
 //! order, so the index recovery rebuilds is the index clients were served from.
 
+use std::time::Duration;
+
+use parking_lot::RwLock;
+
 use crate::index::Index;
 use crate::layout::batch::{Entry, Kind};
 use crate::segments::Segments;
@@ -85,6 +89,77 @@ impl State {
                     self.clean(e.lba + i as u64, e.aux as u32 + i);
                 }
             }
+        }
+    }
+}
+
+/// Waits until no read started before `segments` were emptied is still running, so their slots
+/// may be rewritten.
+///
+/// The state lock is taken afresh for each look and never held while sleeping: a reader leaves
+/// its segment under a read lock, and parking_lot queues new readers behind a waiting writer, so
+/// a read lock held across the wait (while any thread waits to write, e.g. to mark blocks clean)
+/// would keep the reader from ever leaving — the whole engine then hung.
+pub(crate) fn wait_for_readers(state: &RwLock<State>, segments: &[u32]) {
+    for &s in segments {
+        while state.read().segs.readers(s) > 0 {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::sync::Arc;
+
+    /// A reader leaving its segment while another thread waits to write the state must not
+    /// deadlock with the wait for readers (this hung the server under a write-through load: the
+    /// log writer waited for readers holding a read lock, a write-through write queued for the
+    /// write lock, and the reader's exit queued behind it).
+    #[test]
+    fn waiting_for_readers_does_not_block_a_reader_behind_a_queued_writer() {
+        let state = Arc::new(RwLock::new(State::new(
+            Index::new(64),
+            Segments::new(4, 16),
+        )));
+        state.read().segs.reader_enter(2);
+        let (done_tx, done_rx) = mpsc::channel();
+        let waiter = {
+            let state = state.clone();
+            let done_tx = done_tx.clone();
+            std::thread::spawn(move || {
+                wait_for_readers(&state, &[2]);
+                done_tx.send("waiter").unwrap();
+            })
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        let writer = {
+            let state = state.clone();
+            std::thread::spawn(move || {
+                drop(state.write());
+                done_tx.send("writer").unwrap();
+            })
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        let (exit_tx, exit_rx) = mpsc::channel();
+        let reader = {
+            let state = state.clone();
+            std::thread::spawn(move || {
+                state.read().segs.reader_exit(2);
+                exit_tx.send(()).unwrap();
+            })
+        };
+        let limit = Duration::from_secs(10);
+        exit_rx
+            .recv_timeout(limit)
+            .expect("the reader could not leave its segment: deadlock");
+        for _ in 0..2 {
+            done_rx.recv_timeout(limit).expect("deadlock");
+        }
+        for t in [waiter, writer, reader] {
+            t.join().unwrap();
         }
     }
 }

@@ -34,8 +34,9 @@
 //! earlier (promotion of unflushed backing data, FLUSH after reopen, write-zeroes in the uncached
 //! tail, concurrent FLUSHes, a write in flight during a switch to pass-through, concurrent
 //! write-through writes of one block, `reclaim_now` racing writers, whole-export reads with LRU
-//! reclaim, use after recovering a torn log, reclaim progress with a small cache, reads during a
-//! switch to pass-through, a deferred write-through clean after its slot was reused), and an
+//! reclaim, use after recovering a torn log, reclaim progress with a small cache, reads and
+//! pass-through writes during a switch to pass-through, a deferred write-through clean after its
+//! slot was reused), and an
 //! `#[ignore]`d reproducer of a contract gap (writes around the cache are only as atomic as the
 //! backing store).
 //!
@@ -1008,6 +1009,46 @@ fn random_writes_through_a_small_cache_make_progress() {
     }
 }
 
+/// Sets up the window of a switch to pass-through: a write-back cache on `cache` (formatted
+/// here) for `backing`; Y written to block 5; `set_mode(PassThrough)` started, its first
+/// write-back (of block 5) parked at the backing store; X written to block 0 (and FLUSHed if
+/// `flush`) meanwhile; then the first write-back released, so that the switch's second write-back
+/// (of block 0) is now parked at the backing store by the returned gate, which the caller
+/// releases. Returns the cache, that gate, the switching thread and X.
+#[allow(clippy::type_complexity)]
+fn parked_in_a_switch_to_pass_through(
+    cache: Arc<dyn BlockDev>,
+    backing: Arc<dyn BlockDev>,
+    flush: bool,
+) -> (
+    Arc<Cache>,
+    Arc<Gate>,
+    std::thread::JoinHandle<std::io::Result<()>>,
+    Vec<u8>,
+) {
+    let gate5 = Gate::new(backing);
+    let gate0 = Gate::new(gate5.clone());
+    format_small(&*cache, 1 << 20, Mode::WriteBack);
+    let c = Arc::new(open(cache, gate0.clone(), None).unwrap());
+    c.write_at(&pattern(0x59, BS as usize), 5 * BS, false)
+        .unwrap();
+    gate5.park_next_write_at(5 * BS);
+    gate0.park_next_write_at(0);
+    let switch = {
+        let c = c.clone();
+        std::thread::spawn(move || c.set_mode(Mode::PassThrough))
+    };
+    gate5.wait_parked();
+    let x = pattern(0x58, BS as usize);
+    c.write_at(&x, 0, false).unwrap();
+    if flush {
+        c.flush().unwrap();
+    }
+    gate5.release();
+    gate0.wait_parked();
+    (c, gate0, switch, x)
+}
+
 /// A read issued while the cache switches to pass-through returns the last acknowledged write.
 ///
 /// This was an engine bug: `set_mode(PassThrough)` wrote dirty blocks back, flipped the mode (after writes in
@@ -1026,23 +1067,7 @@ fn random_writes_through_a_small_cache_make_progress() {
 fn reads_during_a_switch_to_pass_through_see_the_last_write() {
     let cdev = Arc::new(CrashDev::new(2 << 20));
     let bdev = Arc::new(CrashDev::from_image(pattern(7, 1 << 20)));
-    let gate5 = Gate::new(bdev.clone());
-    let gate0 = Gate::new(gate5.clone());
-    format_small(&*cdev, 1 << 20, Mode::WriteBack);
-    let c = Arc::new(open(cdev, gate0.clone(), None).unwrap());
-    c.write_at(&pattern(0x59, BS as usize), 5 * BS, false)
-        .unwrap();
-    gate5.park_next_write_at(5 * BS);
-    gate0.park_next_write_at(0);
-    let switch = {
-        let c = c.clone();
-        std::thread::spawn(move || c.set_mode(Mode::PassThrough))
-    };
-    gate5.wait_parked();
-    let x = pattern(0x58, BS as usize);
-    c.write_at(&x, 0, false).unwrap();
-    gate5.release();
-    gate0.wait_parked();
+    let (c, gate0, switch, x) = parked_in_a_switch_to_pass_through(cdev, bdev, false);
     let reader = {
         let c = c.clone();
         std::thread::spawn(move || read_block(&c, 0))
@@ -1061,6 +1086,51 @@ fn reads_during_a_switch_to_pass_through_see_the_last_write() {
         "a read during the switch to pass-through returned the block's old content"
     );
     assert!(read_block(&c, 0) == x);
+}
+
+/// A write that goes around the cache while the cache switches to pass-through must not drop a
+/// dirty block that the switch has not written back yet.
+///
+/// This was an engine bug (the same window as the test above, fixed with it): after the mode
+/// flipped, pass-through and write-around writes assumed the cache held no dirty data; their
+/// INVALIDATE record unmapped the dirty block (durably) before their own data was durable on the
+/// backing store, so a power loss in between lost an acknowledged, flushed write and brought back
+/// older backing-store data. Found by `power_loss_with_concurrent_writers` with
+/// `FLASHTIER_LONG=1` ("durable write lost ... shows initial data", at a power loss during a
+/// switch to pass-through).
+///
+/// Sequence: write-back; write Y to block 5; `set_mode(PassThrough)` starts, its first write-back
+/// (of block 5) is parked at the backing store; write X to block 0 and FLUSH (X is durable in the
+/// cache's log); release: the second write-back (of block 0) is parked at the backing store; a
+/// pass-through write of block 0 is issued (it may wait for the switch, or log and sync its
+/// INVALIDATE and then wait for the write-back); power loss. Expected after recovery: block 0
+/// reads X (the pass-through write was not acknowledged and had not reached the backing store).
+#[test]
+fn writes_during_a_switch_to_pass_through_keep_dirty_data() {
+    let rail = Rail::new();
+    let cdev = rail.attach(Arc::new(CrashDev::new(2 << 20)));
+    let bdev = rail.attach(Arc::new(CrashDev::from_image(pattern(7, 1 << 20))));
+    let (c, gate0, switch, x) = parked_in_a_switch_to_pass_through(cdev, bdev, true);
+    let syncs = c.stats().cache_syncs;
+    let writer = {
+        let c = c.clone();
+        std::thread::spawn(move || c.write_at(&[0x5A; BS as usize], 0, false))
+    };
+    // Until its INVALIDATE is synced (or half a second, if the engine makes it wait first).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
+    while c.stats().cache_syncs == syncs && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let imgs = rail.crash_images(1, flashtier_io::CrashPolicy::drop_all());
+    gate0.release();
+    switch.join().unwrap().unwrap();
+    writer.join().unwrap().unwrap();
+    let recovered = reopen_images(imgs);
+    assert!(
+        read_block(&recovered, 0) == x,
+        "an acknowledged, flushed write was lost by a power loss during the switch"
+    );
 }
 
 /// Marking write-through blocks clean after a backing flush must not clean a newer write of the

@@ -54,7 +54,9 @@
 //!
 //! Default: >= 1000 power losses checked; `FLASHTIER_LONG=1`: >= 50,000. A failed run does not
 //! stop the campaign; every failure is printed with the base seed and the run number, and
-//! `FLASHTIER_SEED=<seed> FLASHTIER_RUN=<run>` repeats just that run.
+//! `FLASHTIER_SEED=<seed> FLASHTIER_RUN=<run>` repeats just that run. A run that takes longer
+//! than `FLASHTIER_RUN_TIMEOUT` seconds (default 120; runs take well under one) counts as hung;
+//! the report says what it was doing (and the live cache's status and counters).
 
 mod common;
 
@@ -568,6 +570,24 @@ struct Outcome {
     points: u64,
 }
 
+/// What the current run is doing, and its live cache while the writers run (reported if the run
+/// hangs).
+static PROGRESS: Mutex<(String, Option<std::sync::Weak<Cache>>)> =
+    Mutex::new((String::new(), None));
+
+fn progress(what: String, cache: Option<&Arc<Cache>>) {
+    *PROGRESS.lock().unwrap() = (what, cache.map(Arc::downgrade));
+}
+
+/// The last [`progress`], with the live cache's status and counters if it still exists.
+fn progress_report() -> String {
+    let p = PROGRESS.lock().unwrap();
+    match p.1.as_ref().and_then(|w| w.upgrade()) {
+        Some(c) => format!("{}\n  {:?}\n  {:?}", p.0, c.status(), c.stats()),
+        None => p.0.clone(),
+    }
+}
+
 fn run(cfg: &Cfg) -> Result<Outcome, String> {
     let mut rng = Rng::new(cfg.seed);
     let cdev = Arc::new(CrashDev::new(cfg.cache_size));
@@ -603,6 +623,7 @@ fn run(cfg: &Cfg) -> Result<Outcome, String> {
         open(rail.attach(cdev.clone()), rail.attach(bdev.clone()), None)
             .map_err(|e| format!("open: {e}"))?,
     );
+    progress("writers running".into(), Some(&cache));
     let atomic_blocks = cache.atomic_write_bytes() as u64 / BS;
     let ops = Arc::new(Mutex::new(Vec::<OpRec>::new()));
     let next_unit = Arc::new(AtomicU32::new(1));
@@ -837,15 +858,22 @@ fn run(cfg: &Cfg) -> Result<Outcome, String> {
     }
 
     // The final state, read live.
+    progress("final read of the live cache".into(), Some(&cache));
     let live = read_export(&cache).map_err(|e| format!("final read: {e}"))?;
     history.check_final(&live)?;
+    progress("closing the live cache".into(), Some(&cache));
     let cache = Arc::try_unwrap(cache).map_err(|_| "cache still shared".to_string())?;
     cache.close().map_err(|e| format!("close: {e}"))?;
 
     // Every power loss.
     let snaps = std::mem::take(&mut *shared.snaps.lock().unwrap());
     let mut points = 0;
+    let n = snaps.len();
     for (i, snap) in snaps.into_iter().enumerate() {
+        progress(
+            format!("recovering power loss {} of {n} ({})", i + 1, snap.label),
+            None,
+        );
         let mut r2 = Rng::new(mix(cfg.seed, 1000 + i as u64));
         points += recover_and_check(&history, snap, &mut r2)?;
     }
@@ -872,6 +900,12 @@ fn read_export(c: &Cache) -> Result<Vec<u8>, String> {
 /// Returns the number of recovered images checked.
 fn recover_and_check(h: &History, snap: Snap, r: &mut Rng) -> Result<u64, String> {
     let ctx = |e: String| format!("power loss at {} ({}): {e}", snap.t, snap.label);
+    let step = |what: &str| {
+        progress(
+            format!("power loss at {} ({}): {what}", snap.t, snap.label),
+            None,
+        )
+    };
     let mut points = 0;
     // Maybe lose power again while `open` runs (after its Kth write).
     let during_open = r
@@ -887,12 +921,15 @@ fn recover_and_check(h: &History, snap: Snap, r: &mut Rng) -> Result<u64, String
             }
         })));
     }
+    step("recovering");
     let cache = open_images(&snap.images, &rail).map_err(ctx)?;
     rail.set_hook(None);
+    step("reading the recovered export");
     let first = read_export(&cache).map_err(ctx)?;
     h.check(&first, snap.t).map_err(ctx)?;
     points += 1;
     if let Some(images) = inner.lock().unwrap().take() {
+        step("recovering after a power loss during recovery");
         let rail2 = Rail::new();
         let c2 = open_images(&images, &rail2)
             .map_err(|e| ctx(format!("after a power loss during recovery: {e}")))?;
@@ -909,8 +946,10 @@ fn recover_and_check(h: &History, snap: Snap, r: &mut Rng) -> Result<u64, String
     for round in 0..again {
         let pol = policy(r.below(8));
         let images = rail.crash_images(r.next_u64(), pol);
+        step(&format!("dropping the recovered cache (round {round})"));
         drop(cache);
         rail = Rail::new();
+        step(&format!("recovering again (round {round})"));
         cache = open_images(&images, &rail).map_err(ctx)?;
         let img = read_export(&cache).map_err(ctx)?;
         points += 1;
@@ -924,6 +963,8 @@ fn recover_and_check(h: &History, snap: Snap, r: &mut Rng) -> Result<u64, String
             }
         }
     }
+    step("dropping the recovered cache");
+    drop(cache);
     Ok(points)
 }
 
@@ -962,14 +1003,23 @@ fn campaign(default_seed: u64, points: u64, long_points: u64) {
         .ok()
         .map(|v| v.parse().expect("FLASHTIER_RUN"));
     let first = only.unwrap_or(0);
+    // `FLASHTIER_RUN_TIMEOUT=<s>`: how long a run may take before it counts as hung (a run
+    // normally takes well under a second).
+    let timeout: u64 = std::env::var("FLASHTIER_RUN_TIMEOUT")
+        .map(|v| v.parse().expect("FLASHTIER_RUN_TIMEOUT"))
+        .unwrap_or(120);
     let mut run_no = first;
     let mut failures = Vec::new();
     while checked < want && only.is_none_or(|n| run_no == n) {
         let seed = mix(base, run_no);
         let cfg = cfg_for(seed);
         let c2 = cfg.clone();
-        let out = with_timeout(120, move || run(&c2))
-            .unwrap_or_else(|| Err("the run hung for 120 s".into()));
+        let out = with_timeout(timeout, move || run(&c2)).unwrap_or_else(|| {
+            Err(format!(
+                "the run hung for {timeout} s, at: {}",
+                progress_report()
+            ))
+        });
         match out {
             Ok(o) => checked += o.points,
             Err(e) => {

@@ -7,10 +7,14 @@
 //!   same moment, while I/O is in flight on other threads. A hook runs after each device request
 //!   (still under the lock) so a test can lose power at an exact point (the Nth write, a
 //!   checkpoint write, a cleaner write, ...).
-//! - [`Gate`]: a device that parks one chosen request until the test releases it, to force a
-//!   particular interleaving of engine threads (deterministic race reproducers).
+//! - [`Gate`]: a device that parks one chosen request (the next write, the next write covering a
+//!   given offset, or the next flush) until the test releases it, to force a particular
+//!   interleaving of engine threads (deterministic race reproducers); gates stack.
 //! - [`Model`]: the sequential oracle and the crash checker shared by `model.rs` and `faults.rs`
 //!   (its doc comment states the exact rules).
+//! - Seeds and sizes (`FLASHTIER_SEED`, `FLASHTIER_LONG`), [`format_cache`] / [`format_small`],
+//!   [`open`], [`read_all`], [`with_timeout`] (a hung engine fails the test instead of hanging
+//!   it).
 
 #![allow(dead_code)]
 
