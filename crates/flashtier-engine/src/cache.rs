@@ -113,6 +113,10 @@ impl Cache {
         Ok(cache)
     }
 
+    pub(crate) fn engine(&self) -> &Engine {
+        &self.e
+    }
+
     pub fn report(&self) -> &OpenReport {
         &self.report
     }

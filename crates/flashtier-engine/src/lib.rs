@@ -29,7 +29,8 @@
 //!
 //! Modules: [`layout`] (the on-device format), [`index`], [`segments`], [`log`] (the writer
 //! thread), [`recover`], [`cache`] (the volume and its per-mode I/O paths), [`cleaner`],
-//! [`reclaim`], [`guards`] (keeping promotions from caching stale data), [`policy`], [`stats`].
+//! [`reclaim`], [`guards`] (keeping promotions from caching stale data), [`policy`], [`stats`],
+//! [`tunables`] (the live parameters).
 
 pub mod cache;
 pub mod cleaner;
@@ -44,13 +45,15 @@ pub mod recover;
 pub mod segments;
 pub mod state;
 pub mod stats;
+pub mod tunables;
 
 pub use cache::{Cache, Status};
 pub use engine::{format, FormatOptions, OpenReport, DEFAULT_BLOCK_SIZE, DEFAULT_SEGMENT_SIZE};
 pub use layout::superblock::{BackingIdentity, Superblock};
-pub use policy::{Mode, ReclaimPolicy};
+pub use policy::{Mode, PromotionPolicy, ReclaimPolicy};
 pub use recover::read_superblock;
 pub use stats::StatsSnapshot;
+pub use tunables::{ParamError, ParamInfo, PARAMS};
 
 /// Errors reading or writing the on-device format.
 #[derive(Debug, thiserror::Error)]
