@@ -421,7 +421,9 @@ def flashtier_format(binary: Path, cache: Path, backing: str, size: int, prefill
 
 def flashtier_cache_serve(binary: Path, cache: Path, backing: str, socket: Path, log: Path, mode="writeback",
                           threads=None, cgroup=None, extra=()):
-    args = ["--cache", str(cache), "--mode", mode]
+    # The benchmarks warm caches with sequential reads (as they do nbdkit's cache filter, which
+    # caches everything): the read cutoff, on by default, would keep those from being cached.
+    args = ["--cache", str(cache), "--mode", mode, "--set", "sequential_cutoff_read_kib=0"]
     if threads:
         args += ["--threads", str(threads)]
     return flashtier_serve(binary, str(backing), socket, log, extra=[*args, *extra], cgroup=cgroup)

@@ -6,6 +6,7 @@ packages=(
     nbdkit          # reference NBD server; emulated slow/faulty backing stores
     libnbd-bin      # nbdinfo, nbdcopy, nbdfuse
     python3-libnbd  # libnbd from Python (/usr/bin/python3)
+    python3-prometheus-client  # a real Prometheus text-format parser for the metrics test
     qemu-utils      # qemu-img, qemu-io
     fio             # workloads with verification, nbd engine
     fuse3           # fusermount3 for nbdfuse

@@ -13,6 +13,11 @@
 //! - **trim, write-zeroes**: like write-around (write-zeroes first writes back any dirty blocks in
 //!   the range, so a failing backing store cannot lose them; partial blocks at the edges are
 //!   zeroed through the write path).
+//! - **sequential cutoffs** ([`crate::policy::sequential`]): a read continuing a stream past the
+//!   read cutoff promotes none of its misses; a write continuing a stream past the write cutoff
+//!   goes around the cache in write-back and write-through, except for blocks dirty in the cache
+//!   (see `write_past_cutoff`). **n-hit promotion** ([`crate::policy::admission`]): a miss is
+//!   promoted only on its nth recent miss. Prefetch promotes regardless of both.
 //!
 //! The rule behind the write-around order: before the backing store is written, every record that
 //! could map the blocks being written must be durably superseded, or a crash could bring back a
@@ -24,6 +29,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use flashtier_io::{check_range, AlignedBuf, BlockDev, DevInfo, Extent, ZeroOpts};
+use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 
 use crate::cleaner;
 use crate::engine::{self, Engine, OpenReport};
@@ -31,12 +37,48 @@ use crate::guards::BusyRange;
 use crate::layout::batch::Kind;
 use crate::layout::superblock::BackingIdentity;
 use crate::log::{Record, Writer};
-use crate::policy::{Mode, ReclaimPolicy};
+use crate::policy::{Mode, PromotionPolicy, ReclaimPolicy};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::EngineError;
 
 /// Promotion data waiting for the log beyond this is dropped rather than queued.
 const MAX_QUEUED_PROMOTION: u64 = 64 << 20;
+
+/// Which of a read's misses are promoted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Promote {
+    /// Every one: a prefetch, the client asking for the range to be cached.
+    All,
+    /// Those the promotion policy admits.
+    Admitted,
+    /// None: the read continued a sequential stream past the read cutoff.
+    Sequential,
+    /// None: a read-modify-write's edge blocks, about to be overwritten (a write stamps its
+    /// blocks, so their promotion would be dropped anyway).
+    Never,
+}
+
+/// How a write holds `Engine::rmw` (shared by whole-block writes, exclusive for partial ones).
+enum RmwHeld<'a> {
+    /// Exclusively, by the caller, for the whole write (a read-modify-write).
+    ByCaller,
+    /// Exclusively, until the write's INVALIDATE is applied.
+    Exclusive(RwLockWriteGuard<'a, ()>),
+    Shared {
+        _guard: RwLockReadGuard<'a, ()>,
+    },
+}
+
+impl<'a> RmwHeld<'a> {
+    fn downgrade(self) -> RmwHeld<'a> {
+        match self {
+            RmwHeld::Exclusive(g) => RmwHeld::Shared {
+                _guard: RwLockWriteGuard::downgrade(g),
+            },
+            held => held,
+        }
+    }
+}
 
 /// How the cache is used right now.
 #[derive(Debug, Clone)]
@@ -237,7 +279,13 @@ impl Cache {
     }
 
     /// Reads whole blocks `[first, first + count)` into `out`.
-    fn read_blocks(&self, first: u64, count: u64, out: &mut [u8]) -> io::Result<()> {
+    fn read_blocks(
+        &self,
+        first: u64,
+        count: u64,
+        out: &mut [u8],
+        promote: Promote,
+    ) -> io::Result<()> {
         let e = &*self.e;
         let bs = self.block_size() as usize;
         // Runs of hits (consecutive slots) and misses, found under one short read lock; the
@@ -294,7 +342,7 @@ impl Cache {
                     Stats::add(&e.stats.cache_read_bytes, buf.len() as u64);
                     r
                 }
-                Run::Miss { .. } => self.read_miss(first + at, n as u64, buf),
+                Run::Miss { .. } => self.read_miss(first + at, n as u64, buf, promote),
             };
             if r.is_err() {
                 result = r;
@@ -311,8 +359,8 @@ impl Cache {
         result
     }
 
-    /// Reads blocks from the backing store and queues their promotion.
-    fn read_miss(&self, lba: u64, n: u64, buf: &mut [u8]) -> io::Result<()> {
+    /// Reads blocks from the backing store and queues the promotion of those `promote` allows.
+    fn read_miss(&self, lba: u64, n: u64, buf: &mut [u8], promote: Promote) -> io::Result<()> {
         let e = &*self.e;
         let since = e.guards.now();
         let bs = self.block_size();
@@ -324,6 +372,52 @@ impl Cache {
         if !self.mode().caches_reads() || e.log.failed() {
             return Ok(());
         }
+        let policy = match promote {
+            Promote::Never => return Ok(()),
+            Promote::Sequential => {
+                Stats::add(&e.stats.bypassed_read_blocks, n);
+                return Ok(());
+            }
+            Promote::All => PromotionPolicy::Always,
+            Promote::Admitted => e.tunables.promotion(),
+        };
+        if policy == PromotionPolicy::Always {
+            self.queue_promotion(lba, buf, since);
+            return Ok(());
+        }
+        // n-hit: promote the runs of blocks that reached their nth recent miss.
+        let (table, now) = (e.miss_table(), e.now_secs());
+        let (nhit, window) = (
+            e.tunables.promotion_nhit(),
+            e.tunables.promotion_window_secs(),
+        );
+        let mut run: Option<u64> = None;
+        let mut skipped = 0;
+        for i in 0..=n {
+            let admitted = i < n && table.record_miss(lba + i, now, nhit, window);
+            match (admitted, run) {
+                (true, None) => run = Some(i),
+                (false, Some(from)) => {
+                    let data = &buf[(from * bs) as usize..(i * bs) as usize];
+                    self.queue_promotion(lba + from, data, since);
+                    run = None;
+                }
+                _ => {}
+            }
+            if i < n && !admitted {
+                skipped += 1;
+            }
+        }
+        Stats::add(&e.stats.promotions_skipped_blocks, skipped);
+        Ok(())
+    }
+
+    /// Queues PROMOTE records for `data` (whole blocks from `lba`), read from the backing store
+    /// after guard clock `since`; drops what does not fit the promotion queue.
+    fn queue_promotion(&self, lba: u64, data: &[u8], since: u64) {
+        let e = &*self.e;
+        let bs = self.block_size();
+        let n = data.len() as u64 / bs;
         let max = (e.atomic_bytes as u64 / bs).max(1);
         let mut done = 0;
         while done < n {
@@ -339,15 +433,14 @@ impl Cache {
                     .fetch_sub(bytes, Ordering::Relaxed);
                 break;
             }
-            let mut data = AlignedBuf::zeroed(bytes as usize);
+            let mut buf = AlignedBuf::zeroed(bytes as usize);
             let from = (done * bs) as usize;
-            data.copy_from_slice(&buf[from..from + bytes as usize]);
-            let mut rec = Record::new(Kind::Promote, lba + done, k as u32, Some(data));
+            buf.copy_from_slice(&data[from..from + bytes as usize]);
+            let mut rec = Record::new(Kind::Promote, lba + done, k as u32, Some(buf));
             rec.promote_since = Some(since);
             e.log.append_async(rec, false);
             done += k;
         }
-        Ok(())
     }
 
     /// Writes whole blocks `[lba, lba + n)` from `data` into the cache as WRITE records; returns
@@ -386,6 +479,12 @@ impl Cache {
         if n == 0 {
             return Ok(());
         }
+        self.append_invalidate(lba, n)?;
+        self.e.log.sync(false)
+    }
+
+    /// Unmaps `[lba, lba + n)` (not yet durably: sync before writing the backing store there).
+    fn append_invalidate(&self, lba: u64, n: u64) -> io::Result<()> {
         let e = &*self.e;
         let mut done = 0;
         while done < n {
@@ -396,7 +495,7 @@ impl Cache {
             )?;
             done += k;
         }
-        e.log.sync(false)
+        Ok(())
     }
 
     /// Writes the backing store directly. `busy` (the blocks' guard, if they are cacheable)
@@ -408,8 +507,21 @@ impl Cache {
         fua: bool,
         busy: Option<&mut BusyRange<'_>>,
     ) -> io::Result<()> {
+        let order = self.e.backing_order.read();
+        self.backing_write_ordered(&order, buf, offset, fua, busy)
+    }
+
+    /// [`Cache::backing_write`] for a caller that holds `Engine::backing_order` already (a second
+    /// read lock could wait behind a cleaning pass queued meanwhile, which waits for the first).
+    fn backing_write_ordered(
+        &self,
+        _order: &RwLockReadGuard<'_, ()>,
+        buf: &[u8],
+        offset: u64,
+        fua: bool,
+        busy: Option<&mut BusyRange<'_>>,
+    ) -> io::Result<()> {
         let e = &*self.e;
-        let _order = e.backing_order.read();
         e.backing
             .write_at(buf, offset, fua)
             .inspect_err(|_| Stats::add(&e.stats.backing_errors, 1))?;
@@ -426,38 +538,160 @@ impl Cache {
     /// Whole-block writes in the current mode.
     fn write_blocks(&self, lba: u64, data: &[u8], fua: bool) -> io::Result<()> {
         let e = &*self.e;
-        let bs = self.block_size();
-        let n = data.len() as u64 / bs;
+        let n = data.len() as u64 / self.block_size();
         match self.mode() {
             Mode::WriteBack => {
                 self.log_blocks(lba, data, true)?;
                 if fua {
                     e.log.sync(false)?;
                 }
+                Ok(())
             }
             Mode::WriteThrough => {
                 let _turn = e.guards.write_through_lock(lba, n);
-                let mut busy = e.guards.busy(lba, n);
-                let records = self.log_blocks(lba, data, true)?;
-                let blocks = self.written_blocks(&records);
-                e.log.sync(false)?;
-                self.backing_write(data, lba * bs, fua, Some(&mut busy))?;
-                if fua {
-                    cleaner::mark_clean(e, &blocks.0, &blocks.1);
-                } else {
-                    let mut pending = e.unflushed_write_through.lock();
-                    pending.0.extend(blocks.0);
-                    pending.1.extend(blocks.1);
-                }
+                self.write_through(lba, data, fua)
             }
             Mode::WriteAround | Mode::PassThrough => {
-                let mut busy = e.guards.busy(lba, n);
-                self.invalidate(lba, n)?;
-                Stats::add(&e.stats.write_blocks, n);
-                self.backing_write(data, lba * bs, fua, Some(&mut busy))?;
+                self.write_around_runs(lba, data, &[(0, n)], fua, || ())
             }
         }
+    }
+
+    /// A write-through write of whole blocks; the caller holds their turn lock.
+    fn write_through(&self, lba: u64, data: &[u8], fua: bool) -> io::Result<()> {
+        let e = &*self.e;
+        let bs = self.block_size();
+        let mut busy = e.guards.busy(lba, data.len() as u64 / bs);
+        let records = self.log_blocks(lba, data, true)?;
+        let blocks = self.written_blocks(&records);
+        e.log.sync(false)?;
+        self.backing_write(data, lba * bs, fua, Some(&mut busy))?;
+        if fua {
+            cleaner::mark_clean(e, &blocks.0, &blocks.1);
+        } else {
+            let mut pending = e.unflushed_write_through.lock();
+            pending.0.extend(blocks.0);
+            pending.1.extend(blocks.1);
+        }
         Ok(())
+    }
+
+    /// Writes runs of whole blocks around the cache: invalidates them durably, then writes them
+    /// to the backing store. `runs` are `(first, count)` blocks of `data`, which starts at block
+    /// `lba`. `invalidated` runs once the INVALIDATEs are applied, before they are synced; what
+    /// it returns is kept until the backing writes are done.
+    ///
+    /// `backing_order` is held from the INVALIDATEs on, not just for the backing writes: a
+    /// write-back write that lands in the cache on these blocks after the INVALIDATE is newer
+    /// than this one, and a cleaning pass must not write it back and mark it clean before this
+    /// write reaches the backing store under it. (Not before the INVALIDATEs: appending may wait
+    /// for reclaim, which may wait for a cleaning pass. The sync below is a system request for
+    /// the same reason.)
+    fn write_around_runs<T>(
+        &self,
+        lba: u64,
+        data: &[u8],
+        runs: &[(u64, u64)],
+        fua: bool,
+        invalidated: impl FnOnce() -> T,
+    ) -> io::Result<()> {
+        let e = &*self.e;
+        let bs = self.block_size();
+        let mut busy: Vec<BusyRange<'_>> = runs
+            .iter()
+            .map(|&(first, n)| e.guards.busy(lba + first, n))
+            .collect();
+        for &(first, n) in runs {
+            self.append_invalidate(lba + first, n)?;
+        }
+        let order = e.backing_order.read();
+        let _kept = invalidated();
+        // As a system request: a client sync waits while client records wait for log space, and
+        // the reclaim they wait for may need a cleaning pass, which waits for `order`.
+        e.log.sync(true)?;
+        for (&(first, n), busy) in runs.iter().zip(&mut busy) {
+            Stats::add(&e.stats.write_blocks, n);
+            let part = &data[(first * bs) as usize..((first + n) * bs) as usize];
+            self.backing_write_ordered(&order, part, (lba + first) * bs, fua, Some(busy))?;
+        }
+        Ok(())
+    }
+
+    /// A write that continued a sequential stream past the write cutoff, in whole blocks, in
+    /// write-back or write-through: around the cache like a write-around write, except for its
+    /// blocks that are dirty in the cache. (Other modes go around the cache anyway.) What goes
+    /// around is only as atomic as the backing store makes it.
+    ///
+    /// Dirty blocks take the mode's own path: they are the only durable copy of a write that
+    /// may be acknowledged and flushed (write-back), or that later writes through the log
+    /// depend on for prefix consistency (write-through, until the backing flush). Invalidating
+    /// one before the backing store durably holds the new data would let a power loss bring back
+    /// the backing store's older version. Clean cached blocks are durable on the backing store,
+    /// so they may go. (Write-zeroes writes dirty blocks back first; a write can simply take the
+    /// cached path for them. In an unaligned stream that is usually only the block where it
+    /// crossed the cutoff: from then on each request's first block was written around.)
+    ///
+    /// No write may make a block dirty between that check and its INVALIDATE. Write-back writes
+    /// are held off by `rmw`, held exclusively (`held`) until the INVALIDATEs are applied, then
+    /// shared like any whole-block write (so a partial-block write still cannot read these
+    /// blocks before the backing store has them). Write-through writes take the blocks' turn
+    /// lock, held here until the backing writes are done, which also keeps the two in log order
+    /// on the backing store.
+    fn write_past_cutoff(
+        &self,
+        lba: u64,
+        data: &[u8],
+        fua: bool,
+        held: RmwHeld<'_>,
+    ) -> io::Result<()> {
+        let e = &*self.e;
+        let bs = self.block_size() as usize;
+        let n = (data.len() / bs) as u64;
+        // The mode cannot change while `rmw` is held in any way.
+        let mode = self.mode();
+        let turn = match mode {
+            Mode::WriteThrough => Some(e.guards.write_through_lock(lba, n)),
+            Mode::WriteBack if !matches!(held, RmwHeld::Shared { .. }) => None,
+            _ => {
+                let _held = held.downgrade();
+                return self.write_blocks(lba, data, fua);
+            }
+        };
+        // Runs of dirty blocks (to keep in the cache) and of the others (to write around).
+        let (mut cached, mut around) = (Vec::new(), Vec::new());
+        {
+            let st = e.state.read();
+            for i in 0..n {
+                let runs: &mut Vec<(u64, u64)> = if cleaner::dirty_at(&st, lba + i).is_some() {
+                    &mut cached
+                } else {
+                    &mut around
+                };
+                match runs.last_mut() {
+                    Some((first, k)) if *first + *k == i => *k += 1,
+                    _ => runs.push((i, 1)),
+                }
+            }
+        }
+        if around.is_empty() {
+            drop(turn);
+            let _held = held.downgrade();
+            return self.write_blocks(lba, data, fua);
+        }
+        for &(first, k) in &cached {
+            let part = &data[first as usize * bs..(first + k) as usize * bs];
+            if turn.is_some() {
+                self.write_through(lba + first, part, fua)?;
+            } else {
+                // Made durable (FUA) by the sync before the backing writes below.
+                self.log_blocks(lba + first, part, true)?;
+            }
+        }
+        Stats::add(
+            &e.stats.bypassed_write_blocks,
+            around.iter().map(|&(_, k)| k).sum(),
+        );
+        self.write_around_runs(lba, data, &around, fua, move || (turn, held.downgrade()))
     }
 
     /// Flushes the backing store if anything was written there since its last flush. Callers
@@ -526,39 +760,18 @@ impl BlockDev for Cache {
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        check_range(self.info.size, offset, buf.len() as u64, false)?;
-        let e = &*self.e;
-        Stats::add(&e.stats.reads, 1);
-        let tail = self.uncached_tail();
-        let end = offset + buf.len() as u64;
-        if self.mode() == Mode::PassThrough || offset >= tail {
-            Stats::add(&e.stats.backing_read_bytes, buf.len() as u64);
-            return e.backing.read_at(buf, offset);
-        }
-        if end > tail {
-            let split = (tail - offset) as usize;
-            let (cached, rest) = buf.split_at_mut(split);
-            e.backing.read_at(rest, tail)?;
-            return self.read_at_cached(cached, offset);
-        }
-        self.read_at_cached(buf, offset)
+        self.read(buf, offset, false)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
         check_range(self.info.size, offset, buf.len() as u64, true)?;
         let e = &*self.e;
-        Stats::add(&e.stats.writes, 1);
-        let tail = self.uncached_tail();
-        let end = offset + buf.len() as u64;
-        if end > tail {
-            let split = tail.saturating_sub(offset) as usize;
-            self.backing_write(&buf[split..], offset.max(tail), fua, None)?;
-            if split == 0 {
-                return Ok(());
-            }
-            return self.write_at_cached(&buf[..split], offset, fua);
-        }
-        self.write_at_cached(buf, offset, fua)
+        // Modes that go around the cache anyway need no stream tracking.
+        let past_cutoff = matches!(self.mode(), Mode::WriteBack | Mode::WriteThrough)
+            && e.tunables
+                .sequential_cutoff_write_bytes()
+                .is_some_and(|cutoff| e.write_streams.observe(offset, buf.len() as u64) > cutoff);
+        self.write(buf, offset, fua, past_cutoff)
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -592,16 +805,18 @@ impl BlockDev for Cache {
         let first = offset.div_ceil(bs).min(e.cached_blocks);
         let last = (end / bs).min(e.cached_blocks).max(first);
         // Partial blocks at the edges are zeroed as ordinary writes.
+        // They are not part of a write stream: the whole blocks between them go around the cache
+        // anyway.
         let head_end = (first * bs).min(end);
         if head_end > offset {
             let zeroes = vec![0u8; (head_end - offset) as usize];
-            self.write_at(&zeroes, offset, opts.fua)?;
+            self.write(&zeroes, offset, opts.fua, false)?;
         }
         // `max(offset)`: a range entirely in the uncached tail starts after the last block.
         let tail_start = (last * bs).max(head_end).max(offset);
         if end > tail_start {
             let zeroes = vec![0u8; (end - tail_start) as usize];
-            self.write_at(&zeroes, tail_start, opts.fua)?;
+            self.write(&zeroes, tail_start, opts.fua, false)?;
         }
         if last > first {
             let n = last - first;
@@ -626,7 +841,8 @@ impl BlockDev for Cache {
         if !self.mode().caches_reads() {
             return Ok(());
         }
-        // Reading promotes what is missing; bounded so a huge CACHE request cannot pin memory.
+        // Reading promotes what is missing (whatever the sequential cutoff and promotion policy
+        // say: the client asked for it); bounded so a huge CACHE request cannot pin memory.
         let chunk = 4u64 << 20;
         let end = (offset + len)
             .min(self.uncached_tail())
@@ -635,7 +851,7 @@ impl BlockDev for Cache {
         let mut at = offset;
         while at < end {
             let n = (end - at).min(chunk) as usize;
-            self.read_at(&mut buf[..n], at)?;
+            self.read(&mut buf[..n], at, true)?;
             at += n as u64;
         }
         Ok(())
@@ -656,25 +872,86 @@ impl BlockDev for Cache {
 }
 
 impl Cache {
-    fn read_at_cached(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    /// A client read; `prefetch` promotes every miss.
+    fn read(&self, buf: &mut [u8], offset: u64, prefetch: bool) -> io::Result<()> {
+        check_range(self.info.size, offset, buf.len() as u64, false)?;
+        let e = &*self.e;
+        Stats::add(&e.stats.reads, 1);
+        let tail = self.uncached_tail();
+        let end = offset + buf.len() as u64;
+        if self.mode() == Mode::PassThrough || offset >= tail {
+            Stats::add(&e.stats.backing_read_bytes, buf.len() as u64);
+            return e.backing.read_at(buf, offset);
+        }
+        let promote = match e.tunables.sequential_cutoff_read_bytes() {
+            _ if prefetch => Promote::All,
+            Some(cutoff) if e.read_streams.observe(offset, buf.len() as u64) > cutoff => {
+                Promote::Sequential
+            }
+            _ => Promote::Admitted,
+        };
+        if end > tail {
+            let split = (tail - offset) as usize;
+            let (cached, rest) = buf.split_at_mut(split);
+            e.backing.read_at(rest, tail)?;
+            return self.read_at_cached(cached, offset, promote);
+        }
+        self.read_at_cached(buf, offset, promote)
+    }
+
+    /// A client write; `past_cutoff`: it continued a sequential stream past the write cutoff.
+    fn write(&self, buf: &[u8], offset: u64, fua: bool, past_cutoff: bool) -> io::Result<()> {
+        let e = &*self.e;
+        Stats::add(&e.stats.writes, 1);
+        let tail = self.uncached_tail();
+        let end = offset + buf.len() as u64;
+        if end > tail {
+            let split = tail.saturating_sub(offset) as usize;
+            self.backing_write(&buf[split..], offset.max(tail), fua, None)?;
+            if split == 0 {
+                return Ok(());
+            }
+            return self.write_at_cached(&buf[..split], offset, fua, past_cutoff);
+        }
+        self.write_at_cached(buf, offset, fua, past_cutoff)
+    }
+
+    fn read_at_cached(&self, buf: &mut [u8], offset: u64, promote: Promote) -> io::Result<()> {
         let bs = self.block_size();
         let first = offset / bs;
         let end = offset + buf.len() as u64;
         let last = end.div_ceil(bs);
         if offset.is_multiple_of(bs) && end.is_multiple_of(bs) {
-            return self.read_blocks(first, last - first, buf);
+            return self.read_blocks(first, last - first, buf, promote);
         }
         let mut bounce = AlignedBuf::zeroed(((last - first) * bs) as usize);
-        self.read_blocks(first, last - first, &mut bounce)?;
+        self.read_blocks(first, last - first, &mut bounce, promote)?;
         let skip = (offset - first * bs) as usize;
         buf.copy_from_slice(&bounce[skip..skip + buf.len()]);
         Ok(())
     }
 
-    fn write_at_cached(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+    fn write_at_cached(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        fua: bool,
+        past_cutoff: bool,
+    ) -> io::Result<()> {
         let bs = self.block_size();
         let end = offset + buf.len() as u64;
         if offset.is_multiple_of(bs) && end.is_multiple_of(bs) {
+            if past_cutoff {
+                // Exclusive only where `write_past_cutoff` needs it (see there).
+                let held = if self.mode() == Mode::WriteBack {
+                    RmwHeld::Exclusive(self.e.rmw.write())
+                } else {
+                    RmwHeld::Shared {
+                        _guard: self.e.rmw.read(),
+                    }
+                };
+                return self.write_past_cutoff(offset / bs, buf, fua, held);
+            }
             let _shared = self.e.rmw.read();
             return self.write_blocks(offset / bs, buf, fua);
         }
@@ -685,14 +962,17 @@ impl Cache {
         let last = end.div_ceil(bs);
         let mut data = AlignedBuf::zeroed(((last - first) * bs) as usize);
         if !offset.is_multiple_of(bs) {
-            self.read_blocks(first, 1, &mut data[..bs as usize])?;
+            self.read_blocks(first, 1, &mut data[..bs as usize], Promote::Never)?;
         }
         if !end.is_multiple_of(bs) && (last - 1 > first || offset.is_multiple_of(bs)) {
             let at = ((last - 1 - first) * bs) as usize;
-            self.read_blocks(last - 1, 1, &mut data[at..at + bs as usize])?;
+            self.read_blocks(last - 1, 1, &mut data[at..at + bs as usize], Promote::Never)?;
         }
         let skip = (offset - first * bs) as usize;
         data[skip..skip + buf.len()].copy_from_slice(buf);
+        if past_cutoff {
+            return self.write_past_cutoff(first, &data, fua, RmwHeld::ByCaller);
+        }
         self.write_blocks(first, &data, fua)
     }
 }

@@ -186,12 +186,15 @@ pub(crate) fn dirty_in_range(
             .collect();
     }
     (first..first + count)
-        .filter_map(|lba| {
-            let slot = st.index.get(lba)?;
-            st.index
-                .slot(slot)
-                .filter(|i| i.dirty)
-                .map(|_| DirtyBlock { lba, slot })
-        })
+        .filter_map(|lba| dirty_at(st, lba))
         .collect()
+}
+
+/// Block `lba`, if it is cached and dirty.
+pub(crate) fn dirty_at(st: &crate::state::State, lba: u64) -> Option<DirtyBlock> {
+    let slot = st.index.get(lba)?;
+    st.index
+        .slot(slot)
+        .filter(|i| i.dirty)
+        .map(|_| DirtyBlock { lba, slot })
 }

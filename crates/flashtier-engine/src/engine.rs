@@ -1,7 +1,7 @@
 //! The engine's shared state, and formatting, opening and closing a cache device.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use flashtier_io::{AlignedBuf, BlockDev};
@@ -13,6 +13,8 @@ use crate::layout::checkpoint::Checkpoint;
 use crate::layout::superblock::{BackingIdentity, Superblock};
 use crate::layout::Geometry;
 use crate::log::{Log, RESERVE};
+use crate::policy::admission::{self, MissTable};
+use crate::policy::sequential::StreamDetector;
 use crate::policy::{Mode, ReclaimPolicy};
 use crate::recover;
 use crate::state::State;
@@ -36,6 +38,11 @@ pub struct Engine {
     pub(crate) guards: Guards,
     pub(crate) stats: Stats,
     pub(crate) tunables: crate::tunables::Tunables,
+    /// Recent read and write streams, for the sequential cutoffs.
+    pub(crate) read_streams: StreamDetector,
+    pub(crate) write_streams: StreamDetector,
+    /// Recent read misses per block, for n-hit promotion; allocated when first needed.
+    pub(crate) misses: OnceLock<MissTable>,
     pub(crate) superblock: Mutex<Superblock>,
     mode: AtomicU8,
     reclaim_policy: AtomicU8,
@@ -86,9 +93,16 @@ impl Engine {
         self.reclaim_policy.store(p as u8, Ordering::Relaxed);
     }
 
-    /// Seconds since the engine started, for LRU ages.
+    /// Seconds since the engine started, for LRU ages and n-hit windows.
     pub(crate) fn now_secs(&self) -> u32 {
         self.started.elapsed().as_secs() as u32
+    }
+
+    /// The n-hit miss table, sized for this cache (RAM is spent only once n-hit is used).
+    pub(crate) fn miss_table(&self) -> &MissTable {
+        self.misses.get_or_init(|| {
+            MissTable::with_capacity(admission::entries_for_cache(self.geo.slot_count() as u64))
+        })
     }
 
     /// Reclaim runs when free segments drop to this many.
@@ -289,6 +303,9 @@ pub(crate) fn open_engine(
         guards: Guards::default(),
         stats: Stats::default(),
         tunables: Default::default(),
+        read_streams: StreamDetector::default(),
+        write_streams: StreamDetector::default(),
+        misses: OnceLock::new(),
         superblock: Mutex::new(new_sb.clone()),
         mode: AtomicU8::new(mode.unwrap_or(new_sb.default_mode) as u8),
         reclaim_policy: AtomicU8::new(new_sb.reclaim as u8),

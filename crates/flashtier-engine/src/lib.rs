@@ -29,8 +29,8 @@
 //!
 //! Modules: [`layout`] (the on-device format), [`index`], [`segments`], [`log`] (the writer
 //! thread), [`recover`], [`cache`] (the volume and its per-mode I/O paths), [`cleaner`],
-//! [`reclaim`], [`guards`] (keeping promotions from caching stale data), [`policy`], [`stats`],
-//! [`tunables`] (the live parameters).
+//! [`reclaim`], [`guards`] (keeping promotions from caching stale data), [`policy`] (modes,
+//! sequential stream detection, n-hit admission), [`stats`], [`tunables`] (the live parameters).
 
 pub mod cache;
 pub mod cleaner;

@@ -50,6 +50,13 @@ counters! {
     promoted_blocks,
     /// Promotions dropped because a write raced with them.
     promotions_dropped,
+    /// Read-miss blocks not promoted because they continued a sequential stream past the cutoff.
+    bypassed_read_blocks,
+    /// Read-miss blocks not promoted because they had fewer than promotion_nhit recent misses.
+    promotions_skipped_blocks,
+    /// Blocks written around the cache because their write continued a sequential stream past
+    /// the write cutoff.
+    bypassed_write_blocks,
     /// Clean blocks dropped by reclaim.
     evicted_blocks,
     /// Blocks copied forward by reclaim (recently read, or dirty).

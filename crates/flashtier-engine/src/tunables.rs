@@ -53,8 +53,10 @@ pub const PARAMS: &[ParamInfo] = &[
     ParamInfo {
         name: "sequential_cutoff_write_kib",
         doc: "Writes continuing a sequential stream longer than this many KiB go around the cache to \
-              the backing store (cached copies are invalidated first). Off by default: a database's \
-              redo log is a sequential stream that needs the cache's write latency. 0 = off.",
+              the backing store (cached copies are invalidated first; blocks dirty in the cache stay \
+              there), in write-back and write-through. Such writes are only as atomic as the backing \
+              store makes them. Off by default: a database's redo log is a sequential stream that \
+              needs the cache's write latency and atomic writes. 0 = off.",
         default: "0",
         allowed: "0..=1048576",
     },

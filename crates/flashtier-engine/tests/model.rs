@@ -14,6 +14,12 @@
 //! checked against the oracle's crash rule, sometimes followed by more power losses right after
 //! recovery, whose images must read exactly like the first recovery.
 //!
+//! Each case also draws live parameters, set after every open: a sequential write cutoff (off in
+//! 2 of 5 cases, else 4, 16 or 64 KiB, with writes that continue the previous one to make
+//! streams), so writes go around the cache in write-back and write-through too; a read cutoff;
+//! n-hit promotion. A write that went around the cache (as `bypassed_write_blocks` tells) is a
+//! bypass to the oracle.
+//!
 //! Nothing is steered around: reads and read-modify-writes hit blocks that an unflushed
 //! write-around write left volatile on the backing store, close and reopen happen with writes
 //! still awaiting a backing flush, and `reclaim_now` runs while background reclaim does.
@@ -66,6 +72,12 @@ enum Op {
         fua: bool,
         seed: u64,
     },
+    /// A write where the last one ended (a sequential stream, for the write cutoff).
+    WriteNext {
+        len: u64,
+        fua: bool,
+        seed: u64,
+    },
     Read {
         off: u64,
         len: u64,
@@ -103,6 +115,32 @@ struct Params {
     mode: Mode,
     reclaim: ReclaimPolicy,
     backing_seed: u64,
+    /// Live parameters, set after every open.
+    tunables: Tunables,
+}
+
+#[derive(Debug, Clone)]
+struct Tunables {
+    /// `sequential_cutoff_write_kib`: small values make writes go around the cache in
+    /// write-back and write-through, so those paths are crash-tested too.
+    write_cutoff_kib: u32,
+    /// `sequential_cutoff_read_kib` (`None`: the default).
+    read_cutoff_kib: Option<u32>,
+    /// `promotion = nhit` with n = 2.
+    nhit: bool,
+}
+
+fn tunables_strategy() -> impl Strategy<Value = Tunables> {
+    (
+        prop_oneof![2 => Just(0u32), 1 => Just(4), 1 => Just(16), 1 => Just(64)],
+        prop_oneof![3 => Just(None), 1 => Just(Some(0u32)), 1 => Just(Some(64))],
+        proptest::bool::weighted(0.2),
+    )
+        .prop_map(|(write_cutoff_kib, read_cutoff_kib, nhit)| Tunables {
+            write_cutoff_kib,
+            read_cutoff_kib,
+            nhit,
+        })
 }
 
 fn mode_strategy() -> impl Strategy<Value = Mode> {
@@ -139,6 +177,8 @@ fn op_strategy() -> impl Strategy<Value = Op> {
     prop_oneof![
         30 => (extent(MAX_WRITE), proptest::bool::weighted(0.15), any::<u64>())
             .prop_map(|((off, len), fua, seed)| Op::Write { off, len, fua, seed }),
+        8 => (extent(MAX_WRITE), proptest::bool::weighted(0.15), any::<u64>())
+            .prop_map(|((_, len), fua, seed)| Op::WriteNext { len, fua, seed }),
         8 => extent(MAX_WRITE).prop_map(|(off, len)| Op::Read { off, len }),
         6 => Just(Op::Flush),
         3 => extent(MAX_WRITE).prop_map(|(off, len)| Op::Trim { off, len }),
@@ -161,14 +201,16 @@ fn case_strategy() -> impl Strategy<Value = (Params, Vec<Op>)> {
         mode_strategy(),
         prop_oneof![Just(ReclaimPolicy::Lru), Just(ReclaimPolicy::Fifo)],
         any::<u64>(),
+        tunables_strategy(),
     )
         .prop_map(
-            |(cache_size, segment, mode, reclaim, backing_seed)| Params {
+            |(cache_size, segment, mode, reclaim, backing_seed, tunables)| Params {
                 cache_size,
                 segment,
                 mode,
                 reclaim,
                 backing_seed,
+                tunables,
             },
         );
     (params, proptest::collection::vec(op_strategy(), 1..70))
@@ -182,6 +224,9 @@ struct World {
     model: Model,
     mode: Mode,
     atomic: u64,
+    tunables: Tunables,
+    /// Where the last write ended.
+    next_write: u64,
 }
 
 type R = Result<(), String>;
@@ -204,6 +249,8 @@ impl World {
             model: Model::new(&initial),
             mode: p.mode,
             atomic: 0,
+            tunables: p.tunables.clone(),
+            next_write: 0,
         };
         w.open(None)?;
         Ok(w)
@@ -213,6 +260,22 @@ impl World {
         let c = self.rail.attach(self.cdev.clone());
         let b = self.rail.attach(self.bdev.clone());
         let cache = open(c, b, mode).map_err(|e| format!("open: {e}"))?;
+        let t = &self.tunables;
+        let mut set = vec![(
+            "sequential_cutoff_write_kib",
+            t.write_cutoff_kib.to_string(),
+        )];
+        if let Some(kib) = t.read_cutoff_kib {
+            set.push(("sequential_cutoff_read_kib", kib.to_string()));
+        }
+        if t.nhit {
+            set.push(("promotion", "nhit".into()));
+        }
+        for (name, value) in set {
+            cache
+                .set_param(name, &value)
+                .map_err(|e| format!("set_param: {e}"))?;
+        }
         self.mode = cache.mode();
         self.atomic = cache.atomic_write_bytes() as u64;
         self.cache = Some(cache);
@@ -236,6 +299,36 @@ impl World {
         self.model.check_live(off, &buf)
     }
 
+    fn write(&mut self, off: u64, len: u64, fua: bool, seed: u64) -> R {
+        let data = Arc::new(pattern(seed, len as usize));
+        self.model.note(format!(
+            "write {off}+{len}{} [{}]",
+            if fua { " fua" } else { "" },
+            self.mode
+        ));
+        let bypassed = self.c().stats().bypassed_write_blocks;
+        io("write", self.c().write_at(&data, off, fua))?;
+        // Past the write cutoff (some of) the write went around the cache: to the oracle, it did
+        // all of it (which allows more, never less, than the blocks it kept in the log).
+        let (mode, what) = if self.c().stats().bypassed_write_blocks > bypassed {
+            (Mode::WriteAround, "write past the cutoff")
+        } else {
+            (self.mode, "write")
+        };
+        let subs = self.model.write_subs(
+            off,
+            len,
+            Val::Data { data, at: 0 },
+            fua,
+            mode,
+            self.atomic,
+            what,
+        );
+        self.model.apply(subs, true);
+        self.next_write = off + len;
+        Ok(())
+    }
+
     fn step(&mut self, op: &Op) -> R {
         match *op {
             Op::Write {
@@ -243,24 +336,14 @@ impl World {
                 len,
                 fua,
                 seed,
-            } => {
-                let data = Arc::new(pattern(seed, len as usize));
-                self.model.note(format!(
-                    "write {off}+{len}{} [{}]",
-                    if fua { " fua" } else { "" },
-                    self.mode
-                ));
-                io("write", self.c().write_at(&data, off, fua))?;
-                let subs = self.model.write_subs(
-                    off,
-                    len,
-                    Val::Data { data, at: 0 },
-                    fua,
-                    self.mode,
-                    self.atomic,
-                    "write",
-                );
-                self.model.apply(subs, true);
+            } => self.write(off, len, fua, seed)?,
+            Op::WriteNext { len, fua, seed } => {
+                let off = if self.next_write + len <= BACKING {
+                    self.next_write
+                } else {
+                    0
+                };
+                self.write(off, len, fua, seed)?
             }
             Op::Read { off, len } => {
                 self.model.note(format!("read {off}+{len}"));

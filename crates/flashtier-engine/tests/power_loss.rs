@@ -9,7 +9,10 @@
 //! size; some are FUA; they flush, trim, write zeroes, read back their private blocks (checked)
 //! and call `write_back_all`. The workload writes ~10x the cache size, so reclaim (cleaning,
 //! eviction, copy-forward) and checkpoints run all the time. Some runs switch modes live from a
-//! controller thread (all four modes).
+//! controller thread (all four modes). Half the runs set a sequential write cutoff (4 to 64 KiB;
+//! writes then often continue the thread's previous one), so writes past it go around the cache
+//! in write-back and write-through; the check treats every write that may have (longer than the
+//! cutoff, or continuing a write that started before it ended) as a bypass.
 //!
 //! **Power losses.** Both devices sit on one power rail (see `common`): a power loss is the pair
 //! of crash images taken at one instant while the rail is held, so no request of either device is
@@ -181,11 +184,27 @@ struct History {
     per_block: Vec<Vec<usize>>,
     initial_mode: Mode,
     switches: Vec<Switch>,
+    /// Per op: a write that may have gone around the cache past the write cutoff.
+    maybe_past_cutoff: Vec<bool>,
 }
 
 impl History {
-    fn new(mut ops: Vec<OpRec>, initial_mode: Mode, switches: Vec<Switch>) -> History {
+    /// `cutoff`: the sequential write cutoff in bytes (0: off).
+    fn new(mut ops: Vec<OpRec>, initial_mode: Mode, switches: Vec<Switch>, cutoff: u64) -> History {
         ops.sort_by_key(|o| o.start);
+        // Past the cutoff: longer than it, or continuing a write that started before this one
+        // ended (the engine's stream table is shared by all threads).
+        let maybe_past_cutoff = ops
+            .iter()
+            .map(|o| {
+                cutoff > 0
+                    && o.kind == Kind::Write
+                    && (o.n * BS > cutoff
+                        || ops.iter().any(|p| {
+                            p.kind == Kind::Write && p.lba + p.n == o.lba && p.start < o.end
+                        }))
+            })
+            .collect();
         let mut unit_op = HashMap::new();
         let mut per_block = vec![Vec::new(); BLOCKS as usize];
         for (i, o) in ops.iter().enumerate() {
@@ -204,13 +223,15 @@ impl History {
             per_block,
             initial_mode,
             switches,
+            maybe_past_cutoff,
         }
     }
 
     /// Whether the write went through the cache's log (known mode write-back / write-through,
-    /// no mode switch overlapping it).
-    fn logged(&self, o: &OpRec) -> bool {
-        if o.kind != Kind::Write {
+    /// no mode switch overlapping it, surely not past the write cutoff).
+    fn logged(&self, i: usize) -> bool {
+        let o = &self.ops[i];
+        if o.kind != Kind::Write || self.maybe_past_cutoff[i] {
             return false;
         }
         let mut mode = self.initial_mode;
@@ -291,7 +312,7 @@ impl History {
             o.start,
             o.end,
             if o.ok { "ok" } else { "FAILED" },
-            if self.logged(o) { "logged" } else { "bypass" }
+            if self.logged(i) { "logged" } else { "bypass" }
         )
     }
 
@@ -391,7 +412,7 @@ impl History {
                     )
                 })?;
             }
-            if !self.logged(o) {
+            if !self.logged(x) {
                 continue;
             }
             // Atomic units, applied in order.
@@ -488,6 +509,8 @@ struct Cfg {
     switch_modes: bool,
     /// Power losses to take (besides the recovery-time ones).
     points: usize,
+    /// `sequential_cutoff_write_kib` (0: off).
+    write_cutoff_kib: u32,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -623,6 +646,13 @@ fn run(cfg: &Cfg) -> Result<Outcome, String> {
         open(rail.attach(cdev.clone()), rail.attach(bdev.clone()), None)
             .map_err(|e| format!("open: {e}"))?,
     );
+    cache
+        .set_param(
+            "sequential_cutoff_write_kib",
+            &cfg.write_cutoff_kib.to_string(),
+        )
+        .map_err(|e| format!("set_param: {e}"))?;
+    let streams = cfg.write_cutoff_kib > 0;
     progress("writers running".into(), Some(&cache));
     let atomic_blocks = cache.atomic_write_bytes() as u64 / BS;
     let ops = Arc::new(Mutex::new(Vec::<OpRec>::new()));
@@ -650,12 +680,18 @@ fn run(cfg: &Cfg) -> Result<Outcome, String> {
             // What this thread last did to each of its private blocks (to check its reads).
             let mut mine: HashMap<u64, V> = HashMap::new();
             let mut trimmed: std::collections::HashSet<u64> = Default::default();
+            // Where this thread's last write ended (with a write cutoff, writes often continue
+            // there: sequential streams).
+            let mut last_end = u64::MAX;
             for _ in 0..n_ops {
                 let roll = r.below(100);
                 let in_shared = r.chance(0.3);
                 let (base, span) = if in_shared { shared_region } else { region };
                 let n = r.range(1, (2 * atomic_blocks).min(span));
-                let lba = base + r.below(span - n + 1);
+                let mut lba = base + r.below(span - n + 1);
+                if streams && (base..=base + span - n).contains(&last_end) && r.chance(0.5) {
+                    lba = last_end;
+                }
                 let mut rec = OpRec {
                     thread: th,
                     kind: Kind::Write,
@@ -685,6 +721,7 @@ fn run(cfg: &Cfg) -> Result<Outcome, String> {
                     }
                     rec.start = shared.tick();
                     let res = cache.write_at(&buf, lba * BS, rec.fua);
+                    last_end = lba + n;
                     if !in_shared {
                         for (u, f, k) in &rec.units {
                             for x in *f..f + k {
@@ -845,6 +882,7 @@ fn run(cfg: &Cfg) -> Result<Outcome, String> {
         std::mem::take(&mut *ops.lock().unwrap()),
         cfg.mode,
         switches.lock().unwrap().clone(),
+        cfg.write_cutoff_kib as u64 * 1024,
     );
     let errs = errors.lock().unwrap().clone();
     if !errs.is_empty() {
@@ -987,6 +1025,7 @@ fn cfg_for(seed: u64) -> Cfg {
         reclaim: *r.pick(&[ReclaimPolicy::Lru, ReclaimPolicy::Fifo]),
         switch_modes,
         points: 12,
+        write_cutoff_kib: *r.pick(&[0, 0, 0, 4, 16, 64]),
     }
 }
 

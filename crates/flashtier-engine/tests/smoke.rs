@@ -117,6 +117,9 @@ fn scan_larger_than_the_cache_after_a_hot_set() {
     };
     format(&*cache_dev, ident(256 << 20), opts).unwrap();
     let c = Cache::open(cache_dev.clone(), backing.clone(), &ident(256 << 20), None).unwrap();
+    // Both the hot set (read in order) and the scan must be promoted for the scan to push the
+    // hot set through reclaim.
+    c.set_param("sequential_cutoff_read_kib", "0").unwrap();
     let mut buf = vec![0u8; 4096];
     for pass in 0..3 {
         for b in 0..4096u64 {
@@ -130,6 +133,7 @@ fn scan_larger_than_the_cache_after_a_hot_set() {
     }
     drop(c);
     let c = Cache::open(cache_dev.clone(), backing.clone(), &ident(256 << 20), None).unwrap();
+    c.set_param("sequential_cutoff_read_kib", "0").unwrap();
     let mut big = vec![0u8; 1 << 20];
     for mib in 0..256u64 {
         if let Err(e) = c.read_at(&mut big, mib << 20) {

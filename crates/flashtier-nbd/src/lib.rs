@@ -38,7 +38,7 @@ pub mod wire;
 
 pub use client::NbdClient;
 pub use export::Export;
-pub use net::{ListenAddr, Listener};
+pub use net::{bind_unix, ListenAddr, Listener};
 pub use server::{Server, ServerConfig, ShutdownHandle};
 pub use uri::NbdUri;
 

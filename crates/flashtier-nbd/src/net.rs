@@ -158,7 +158,10 @@ impl Drop for Listener {
     }
 }
 
-fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
+/// Binds a unix socket only this user can use (mode 0600 from the start): a stale socket from a
+/// crash is replaced; a live one, or a file that is not a socket, is an error. Also used by the
+/// control socket.
+pub fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
     let err = |e: io::Error| ServerError::Bind(path.display().to_string(), e);
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {

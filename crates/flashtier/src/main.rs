@@ -1,6 +1,8 @@
 //! The `flashtier` command.
 
 mod backing;
+mod config_cmd;
+mod ctl;
 mod demo;
 mod format;
 mod serve;
@@ -16,12 +18,14 @@ use clap::{Parser, Subcommand};
     long_about = "flashtier puts fast tiers in front of a slow store (a spinning disk, a network or \
 cloud volume, any NBD server) and exports the result over the NBD protocol, so the Linux kernel \
 client, qemu, libnbd's tools (nbdinfo, nbdcopy, nbdfuse) and fio can use it as an ordinary block \
-device.\n\nStart with `flashtier demo`, then `flashtier serve --help`."
+device.\n\nStart with `flashtier demo`, then `flashtier serve --help`. While a server runs, \
+`flashtier status`, `stats`, `get`, `set`, `mode` and `reset-stats` operate it through its control \
+socket."
 )]
 struct Cli {
     /// Log filter for messages on stderr: error, warn, info, debug, trace, or per-module
-    /// directives such as `flashtier_nbd=debug`. [default: info; warn for `demo`, whose report
-    /// goes to stdout]
+    /// directives such as `flashtier_nbd=debug`. [default: info for `serve` and `format`; warn
+    /// for the others, whose answers go to stdout]
     #[arg(long, global = true, env = "FLASHTIER_LOG")]
     log: Option<String>,
 
@@ -38,13 +42,34 @@ enum Command {
     /// Run a short, self-contained showcase: create a backing store, serve it, drive a workload
     /// through NBD, verify every byte, and report what happened.
     Demo(demo::DemoArgs),
+    /// Show a running server's state: mode, sizes, used and dirty space, health, and the mode
+    /// switch in progress.
+    Status(ctl::StatusArgs),
+    /// Show a running server's statistics: counters in total and over the last 5 minutes, hour
+    /// and day, hit rates, latency percentiles per operation, and the flash wear forecast.
+    Stats(ctl::StatsArgs),
+    /// Show a live parameter of a running server (or `--all` of them, with defaults and allowed
+    /// values).
+    Get(ctl::GetArgs),
+    /// Change a live parameter of a running server, effective from the next request, without a
+    /// restart (`--persist` also writes it to the config file). Parameters are listed in --help.
+    Set(ctl::SetArgs),
+    /// Switch a running server's cache mode live; leaving write-back first writes every dirty
+    /// block back, with a progress bar.
+    Mode(ctl::ModeArgs),
+    /// Start a running server's counters, windows and latency histograms again from zero (the
+    /// cache's contents are untouched).
+    ResetStats(ctl::ResetStatsArgs),
+    /// Work with config files (`flashtier config check FILE`).
+    Config(config_cmd::ConfigArgs),
 }
 
 fn main() {
     let cli = Cli::parse();
     let default_log = match cli.command {
-        Command::Demo(_) => "warn",
-        _ => "info",
+        Command::Format(_) | Command::Serve(_) => "info",
+        // demo's report and the control commands' answers go to stdout; only trouble to stderr.
+        _ => "warn",
     };
     let log = cli.log.as_deref().unwrap_or(default_log);
     let filter = tracing_subscriber::EnvFilter::try_new(log).unwrap_or_else(|e| {
@@ -62,9 +87,53 @@ fn main() {
         Command::Format(args) => format::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Demo(args) => demo::run(args),
+        Command::Status(args) => ctl::status(args),
+        Command::Stats(args) => ctl::stats(args),
+        Command::Get(args) => ctl::get(args),
+        Command::Set(args) => ctl::set(args),
+        Command::Mode(args) => ctl::mode(args),
+        Command::ResetStats(args) => ctl::reset_stats(args),
+        Command::Config(args) => config_cmd::run(args),
     };
     if let Err(e) = result {
-        eprintln!("flashtier: error: {e:#}");
+        eprintln!("flashtier: error: {}", error_chain(&e));
         std::process::exit(1);
+    }
+}
+
+/// The error and its causes, `: `-separated, skipping a cause the message before it already
+/// quotes (library errors often embed their source in their text, and anyhow's `{:#}` would
+/// print it twice: "cannot listen on :80: Address already in use: Address already in use").
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let part = cause.to_string();
+        if text.is_empty() {
+            text = part;
+        } else if !text.ends_with(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cause_quoted_by_its_error_is_not_repeated() {
+        let io = std::io::Error::from_raw_os_error(libc::EADDRINUSE);
+        let e = anyhow::Error::new(flashtier_nbd::ServerError::Bind(":80".into(), io))
+            .context("metrics listener");
+        let text = error_chain(&e);
+        assert_eq!(text.matches("in use").count(), 1, "{text}");
+        assert!(
+            text.starts_with("metrics listener: cannot listen on :80: "),
+            "{text}"
+        );
+        let plain = anyhow::anyhow!("inner").context("outer");
+        assert_eq!(error_chain(&plain), "outer: inner");
     }
 }

@@ -2,25 +2,42 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use flashtier_nbd::{Export, ListenAddr, Listener, Server, ServerConfig, ShutdownHandle};
-
-use std::sync::Arc;
-
+use flashtier_control::config::{self, Config};
+use flashtier_control::{
+    ControlError, ControlPlane, ControlPlaneOptions, Controller, ControllerOptions, PersistFn,
+    Timed,
+};
 use flashtier_engine::{Cache, Mode};
 use flashtier_io::BlockDev;
+use flashtier_nbd::{Export, ListenAddr, Listener, Server, ServerConfig, ShutdownHandle};
 
 use crate::backing::{backing_identity, open_backing, open_cache_device, BackingOptions};
 use crate::units::fmt_bytes;
 
 #[derive(Args, Debug)]
+#[command(after_help = "\
+Files: the control socket (default RUN/control.sock), the stats file (default RUN/stats, rewritten \
+every second as `name value` lines) and RUN/stats.json beside it (the report of `flashtier stats \
+--json`), where RUN is /run/flashtier as root, else $XDG_RUNTIME_DIR/flashtier. Defaults already in \
+use by another running server are skipped with a warning; paths given explicitly must be free.\n\n\
+With --config FILE, options come from the file's [serve] table and options on the command line \
+override them; its [policy] values are applied once the cache is open. `flashtier config check \
+FILE` validates a file.")]
 pub struct ServeArgs {
+    /// Read options from this TOML file ([serve]: these options; [policy]: live parameters).
+    /// Options given on the command line override the file. `flashtier set --persist` writes
+    /// changes back to it.
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
     /// Backing store: a file, a block device, or an NBD URI such as nbd://host:10809/export or
-    /// nbd+unix:///export?socket=/path.
+    /// nbd+unix:///export?socket=/path. Required, here or in the config file.
     #[arg(long, value_name = "PATH|NBD-URI")]
-    pub backing: String,
+    pub backing: Option<String>,
 
     /// Cache file or device, prepared with `flashtier format` for this backing store. Without
     /// it, the backing store is served as is (pass-through).
@@ -30,9 +47,9 @@ pub struct ServeArgs {
     /// Cache mode: writeback (writes land in the cache and are written back later),
     /// writethrough (writes go to both before they are acknowledged), writearound (writes go to
     /// the backing store; reads are cached) or passthrough (the cache is bypassed). Leaving
-    /// write-back writes all dirty blocks back first. [default: the mode the cache was formatted
-    /// or last served with]
-    #[arg(long, requires = "cache")]
+    /// write-back writes all dirty blocks back first. Needs a cache. [default: the mode the
+    /// cache was formatted or last served with]
+    #[arg(long)]
     pub mode: Option<Mode>,
 
     /// Where clients connect: a unix socket path (created mode 0600), or HOST:PORT for TCP.
@@ -43,8 +60,9 @@ pub struct ServeArgs {
     pub listen: Option<String>,
 
     /// Name of the export. Clients asking for the empty (default) name get it too.
-    #[arg(long, default_value = "flashtier")]
-    pub export_name: String,
+    /// [default: flashtier]
+    #[arg(long)]
+    pub export_name: Option<String>,
 
     /// Serve read-only: writes, trims and zeroing fail with EPERM.
     #[arg(long)]
@@ -54,19 +72,148 @@ pub struct ServeArgs {
     #[arg(long)]
     pub direct: bool,
 
-    /// Requests executed at once per connection.
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    pub threads: u32,
+    /// Requests executed at once per connection. [default: 16]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=config::MAX_THREADS as i64))]
+    pub threads: Option<u32>,
 
-    /// Most client connections served at once; more are refused.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]
-    pub max_connections: u32,
+    /// Most client connections served at once; more are refused. [default: 256]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=config::MAX_CONNECTIONS as i64))]
+    pub max_connections: Option<u32>,
 
     /// On SIGINT/SIGTERM, seconds to wait for clients to collect the replies to requests already
     /// executed before closing their connections anyway (a client that stopped reading would
-    /// otherwise hold the shutdown forever).
-    #[arg(long, default_value_t = 30, value_name = "SECS")]
-    pub shutdown_grace: u64,
+    /// otherwise hold the shutdown forever). [default: 30]
+    #[arg(long, value_name = "SECS")]
+    pub shutdown_grace: Option<u64>,
+
+    /// The control API's unix socket (created mode 0600), used by `flashtier status`, `stats`,
+    /// `get`, `set`, `mode` and `reset-stats` (their --control option).
+    /// [default: control.sock in the run directory]
+    #[arg(long, value_name = "SOCKET")]
+    pub control_socket: Option<PathBuf>,
+
+    /// Serve Prometheus metrics (GET /metrics, text format 0.0.4) over HTTP on HOST:PORT;
+    /// `:PORT` listens on loopback only. [default: off]
+    #[arg(long, value_name = "HOST:PORT")]
+    pub metrics_listen: Option<String>,
+
+    /// The stats file, rewritten every second: one `name value` line per counter and figure,
+    /// and PATH.json beside it with `flashtier stats --json`'s report. Removed on exit.
+    /// [default: stats in the run directory, e.g. /run/flashtier/stats and
+    /// /run/flashtier/stats.json as root]
+    #[arg(long, value_name = "PATH")]
+    pub stats_file: Option<PathBuf>,
+
+    /// The cache device's rated endurance in terabytes written (TBW, from its data sheet), for
+    /// the wear forecast in `flashtier stats`: days until the device reaches it at the recent
+    /// write rate. [default: none, no forecast]
+    #[arg(long, value_name = "TB", value_parser = parse_tbw)]
+    pub endurance_tbw: Option<f64>,
+
+    /// Set a live parameter when the cache opens, e.g. `--set sequential_cutoff_read_kib=0`;
+    /// repeatable, and it overrides the config file's [policy]. Parameters, their defaults and
+    /// allowed values: `flashtier get --all`, or `flashtier set --help`. Needs a cache.
+    #[arg(long = "set", value_name = "PARAM=VALUE", value_parser = parse_param_setting)]
+    pub set: Vec<(String, String)>,
+}
+
+fn parse_param_setting(s: &str) -> Result<(String, String), String> {
+    let (name, value) = s
+        .split_once('=')
+        .ok_or_else(|| format!("'{s}' is not PARAM=VALUE"))?;
+    let (name, value) = (name.trim(), value.trim());
+    flashtier_engine::tunables::validate(name, value).map_err(|e| e.to_string())?;
+    Ok((name.to_string(), value.to_string()))
+}
+
+fn parse_tbw(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("'{s}' is not a positive number of terabytes")),
+    }
+}
+
+/// The options in force: the command line over the config file over the defaults.
+struct Settings {
+    backing: String,
+    cache: Option<String>,
+    mode: Option<Mode>,
+    listen: Option<String>,
+    export_name: String,
+    read_only: bool,
+    direct: bool,
+    threads: u32,
+    max_connections: u32,
+    shutdown_grace: u64,
+    /// The path, and whether it was asked for (a default in use is skipped, a given one is not).
+    control_socket: (PathBuf, bool),
+    metrics_listen: Option<String>,
+    stats_file: (PathBuf, bool),
+    endurance_tbw: Option<f64>,
+    /// Live parameters to apply at open: the config file's [policy], then `--set` (which wins).
+    policy: Vec<(String, String)>,
+    config: Option<Config>,
+}
+
+impl Settings {
+    fn new(args: ServeArgs) -> anyhow::Result<Settings> {
+        let config = args.config.as_deref().map(config::load).transpose()?;
+        let file = config.as_ref().map(|c| c.serve.clone()).unwrap_or_default();
+        let mode = match (args.mode, &file.mode) {
+            (Some(m), _) => Some(m),
+            (None, Some(m)) => Some(m.parse().map_err(|e: String| anyhow::anyhow!(e))?),
+            (None, None) => None,
+        };
+        let cache = args.cache.or(file.cache);
+        if mode.is_some() && cache.is_none() {
+            anyhow::bail!("--mode needs a cache (--cache, or `cache` in the config file)");
+        }
+        if !args.set.is_empty() && cache.is_none() {
+            anyhow::bail!("--set needs a cache (--cache, or `cache` in the config file)");
+        }
+        let mut policy = config
+            .as_ref()
+            .map(|c| c.policy.clone())
+            .unwrap_or_default();
+        policy.extend(args.set);
+        let run_dir = default_run_dir();
+        let given = |p: Option<PathBuf>, default: &str| match p {
+            Some(p) => (p, true),
+            None => (run_dir.join(default), false),
+        };
+        Ok(Settings {
+            backing: args.backing.or(file.backing).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "no backing store: give --backing (or `backing` in [serve] of --config)"
+                )
+            })?,
+            cache,
+            mode,
+            listen: args.listen.or(file.listen),
+            export_name: args
+                .export_name
+                .or(file.export_name)
+                .unwrap_or_else(|| "flashtier".into()),
+            read_only: args.read_only || file.read_only.unwrap_or(false),
+            direct: args.direct || file.direct.unwrap_or(false),
+            threads: args.threads.or(file.threads).unwrap_or(16),
+            max_connections: args.max_connections.or(file.max_connections).unwrap_or(256),
+            shutdown_grace: args.shutdown_grace.or(file.shutdown_grace).unwrap_or(30),
+            control_socket: given(
+                args.control_socket
+                    .or(file.control_socket.map(PathBuf::from)),
+                "control.sock",
+            ),
+            metrics_listen: args.metrics_listen.or(file.metrics_listen),
+            stats_file: given(
+                args.stats_file.or(file.stats_file.map(PathBuf::from)),
+                "stats",
+            ),
+            endurance_tbw: args.endurance_tbw.or(file.endurance_tbw),
+            policy,
+            config,
+        })
+    }
 }
 
 /// The directory for sockets and runtime files when none is given.
@@ -82,6 +229,7 @@ pub fn default_run_dir() -> PathBuf {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let args = Settings::new(args)?;
     let listen = match &args.listen {
         Some(s) => ListenAddr::parse(s)?,
         None => ListenAddr::Unix(default_run_dir().join("nbd.sock")),
@@ -93,16 +241,31 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             read_only: args.read_only,
         },
     )?;
-    let (dev, cache): (Arc<dyn BlockDev>, Option<Arc<Cache>>) = match &args.cache {
-        None => (backing, None),
-        Some(path) => {
-            let cache = open_cache(path, &args, backing)?;
-            (cache.clone(), Some(cache))
-        }
+    let cache = match &args.cache {
+        None => None,
+        Some(path) => Some(open_cache(path, &args, backing.clone())?),
     };
-    let mut export = Export::new(args.export_name.clone(), dev);
+    let inner: Arc<dyn BlockDev> = match &cache {
+        Some(c) => c.clone(),
+        None => backing,
+    };
+    // Every request the clients make is timed, cache or pass-through.
+    let timed = Arc::new(Timed::new(inner));
+    let controller = Arc::new(Controller::new(ControllerOptions {
+        dev: timed.clone(),
+        cache: cache.clone(),
+        latencies: timed.latencies(),
+        endurance_tbw: args.endurance_tbw,
+        persist: args.config.as_ref().map(|c| {
+            let path = c.path.clone();
+            Box::new(move |name: &str, value: &str| {
+                config::persist(&path, name, value).map_err(Into::into)
+            }) as PersistFn
+        }),
+    }));
+    let mut export = Export::new(args.export_name.clone(), timed);
     export.force_read_only = args.read_only;
-    let config = ServerConfig {
+    let server_config = ServerConfig {
         threads_per_connection: args.threads as usize,
         max_connections: args.max_connections as usize,
         shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace),
@@ -125,21 +288,44 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         export.dev.describe(),
         fmt_bytes(export.dev.info().size),
     );
-    let server = Server::new(export, config)?;
+    let server = Server::new(export, server_config)?;
     // Before the socket exists: a signal sent as soon as a script sees it must already be graceful.
     install_signal_handlers(server.shutdown_handle())?;
+    let plane = start_control_plane(controller, &args)?;
     let listener = Listener::bind(&listen)?;
     let uri = match listener.addr() {
         ListenAddr::Unix(p) => format!("nbd+unix:///{}?socket={}", args.export_name, p.display()),
         ListenAddr::Tcp(a) => format!("nbd://{a}/{}", args.export_name),
     };
-    // Scripts wait for this line to know the socket is ready.
+    // Scripts wait for the "listening on" line to know the sockets are ready, and may close
+    // stdout right after it: it comes last, and its text stays as it is.
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
         "flashtier: serving {summary} as export '{}'",
         args.export_name
     )?;
+    if let Some(socket) = plane.control_socket() {
+        writeln!(
+            out,
+            "flashtier: control socket {} (flashtier status, stats, get, set, mode, reset-stats)",
+            socket.display()
+        )?;
+    }
+    if let Some((text, json)) = plane.stats_files() {
+        writeln!(
+            out,
+            "flashtier: stats file {} and {}, rewritten every second",
+            text.display(),
+            json.display()
+        )?;
+    }
+    if let Some(addr) = plane.metrics_addr() {
+        writeln!(
+            out,
+            "flashtier: Prometheus metrics at http://{addr}/metrics"
+        )?;
+    }
     writeln!(
         out,
         "flashtier: listening on {} (connect with {uri})",
@@ -150,6 +336,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     let served = server.serve(listener).context("server failed");
     drop(server);
+    // Stop answering control requests before the cache closes under them.
+    plane.stop();
     if let Some(cache) = cache {
         // The server has flushed; a final checkpoint makes the next start near-instant.
         let status = cache.status();
@@ -163,9 +351,49 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     served
 }
 
+/// Starts the control socket, the stats file and the metrics listener. A default control
+/// socket that another running server holds is skipped with a warning (so is the default
+/// stats file then: the run directory's files are that server's); explicit paths must be free.
+fn start_control_plane(
+    controller: Arc<Controller>,
+    args: &Settings,
+) -> anyhow::Result<ControlPlane> {
+    let (socket, socket_given) = &args.control_socket;
+    let (stats, stats_given) = &args.stats_file;
+    let opts = ControlPlaneOptions {
+        control_socket: Some(socket.clone()),
+        metrics_listen: args.metrics_listen.clone(),
+        stats_file: Some(stats.clone()),
+    };
+    let started = match ControlPlane::start(controller.clone(), &opts) {
+        Err(ControlError::Listen(flashtier_nbd::ServerError::InUse(_))) if !socket_given => {
+            tracing::warn!(
+                "the default control socket {} belongs to another running server; serving \
+                 without a control socket{} (give --control-socket and --stats-file to have them)",
+                socket.display(),
+                if *stats_given { "" } else { " and stats file" },
+            );
+            let opts = ControlPlaneOptions {
+                control_socket: None,
+                stats_file: stats_given.then(|| stats.clone()),
+                ..opts
+            };
+            ControlPlane::start(controller, &opts)
+        }
+        r => r,
+    };
+    started.with_context(|| {
+        format!(
+            "cannot start the control plane (control socket {}, stats file {})",
+            socket.display(),
+            stats.display()
+        )
+    })
+}
+
 fn open_cache(
     path: &str,
-    args: &ServeArgs,
+    args: &Settings,
     backing: Arc<dyn BlockDev>,
 ) -> anyhow::Result<Arc<Cache>> {
     if backing.info().read_only || args.read_only {
@@ -192,6 +420,12 @@ fn open_cache(
             time_ms = r.recovery_time.as_millis() as u64,
             "cache recovered after an unclean shutdown"
         );
+    }
+    // Live parameters from the config file and --set (validated when parsed; checked again here).
+    for (name, value) in &args.policy {
+        cache
+            .set_param(name, value)
+            .with_context(|| format!("parameter {name} = {value}"))?;
     }
     Ok(Arc::new(cache))
 }

@@ -427,6 +427,11 @@ impl Gate {
             s = self.cv.wait(s).unwrap();
         }
     }
+    /// Whether a request is parked now.
+    pub fn is_parked(&self) -> bool {
+        let s = self.st.lock().unwrap();
+        s.parked && !s.released
+    }
     pub fn release(&self) {
         let mut s = self.st.lock().unwrap();
         s.released = true;

@@ -268,10 +268,10 @@ impl Server {
         let stdout = child.stdout.take().expect("stdout");
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
+            // Keep reading after the ready line: the server may print more, and a closed pipe
+            // would fail its next write.
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
+                let _ = tx.send(line);
             }
         });
         let deadline = Instant::now() + Duration::from_secs(20);

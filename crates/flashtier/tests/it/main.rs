@@ -5,6 +5,7 @@
 //! message when it is missing; `./test.sh` installs them all.
 
 mod cache_cli;
+mod control;
 mod crash;
 mod harness;
 mod mariadb;

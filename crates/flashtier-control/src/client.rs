@@ -1,0 +1,147 @@
+//! [`Client`]: the CLI's side of the control socket.
+
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::controller::ParamRow;
+use crate::protocol::{NameValue, Request, Response};
+use crate::report::Report;
+
+/// A reply taking longer than this means the server is stuck; say so instead of hanging.
+const TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error(
+        "no flashtier server answers on {} (is `flashtier serve` running? name its control \
+         socket with --control or FLASHTIER_CONTROL)",
+        path.display()
+    )]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("control connection to {} failed", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("unexpected answer from the server on {}: {what}", path.display())]
+    Protocol { path: PathBuf, what: String },
+    /// The server refused the request; the message says why.
+    #[error("{0}")]
+    Refused(String),
+}
+
+pub struct Client {
+    path: PathBuf,
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl Client {
+    pub fn connect(path: &Path) -> Result<Client, ClientError> {
+        let stream = UnixStream::connect(path).map_err(|source| ClientError::Connect {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let io_err = |source| ClientError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        stream.set_read_timeout(Some(TIMEOUT)).map_err(io_err)?;
+        let writer = stream.try_clone().map_err(io_err)?;
+        Ok(Client {
+            path: path.to_path_buf(),
+            reader: BufReader::new(stream),
+            writer,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Sends one request and returns its `result`, or the server's error as [`ClientError::Refused`].
+    pub fn call(&mut self, req: &Request) -> Result<serde_json::Value, ClientError> {
+        let io_err = |source| ClientError::Io {
+            path: self.path.clone(),
+            source,
+        };
+        let mut line = serde_json::to_vec(req).map_err(|e| io_err(io::Error::other(e)))?;
+        line.push(b'\n');
+        self.writer.write_all(&line).map_err(io_err)?;
+        let mut answer = String::new();
+        let n = self.reader.read_line(&mut answer).map_err(io_err)?;
+        if n == 0 {
+            return Err(io_err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the server closed the connection",
+            )));
+        }
+        let r: Response = serde_json::from_str(&answer).map_err(|e| self.protocol(e))?;
+        match (r.ok, r.error) {
+            (true, _) => Ok(r.result.unwrap_or(serde_json::Value::Null)),
+            (false, e) => Err(ClientError::Refused(
+                e.unwrap_or_else(|| "request failed".into()),
+            )),
+        }
+    }
+
+    fn protocol(&self, what: impl ToString) -> ClientError {
+        ClientError::Protocol {
+            path: self.path.clone(),
+            what: what.to_string(),
+        }
+    }
+
+    fn call_as<T: serde::de::DeserializeOwned>(&mut self, req: &Request) -> Result<T, ClientError> {
+        let v = self.call(req)?;
+        serde_json::from_value(v).map_err(|e| self.protocol(e))
+    }
+
+    pub fn report(&mut self) -> Result<Report, ClientError> {
+        self.call_as(&Request::Report)
+    }
+
+    /// The raw report, for `--json` (prints exactly what the server sent).
+    pub fn report_json(&mut self) -> Result<serde_json::Value, ClientError> {
+        self.call(&Request::Report)
+    }
+
+    pub fn get(&mut self, name: &str) -> Result<String, ClientError> {
+        let nv: NameValue = self.call_as(&Request::Get { name: name.into() })?;
+        Ok(nv.value)
+    }
+
+    /// Sets `name`; returns the value as the server stored it.
+    pub fn set(&mut self, name: &str, value: &str, persist: bool) -> Result<String, ClientError> {
+        let nv: NameValue = self.call_as(&Request::Set {
+            name: name.into(),
+            value: value.into(),
+            persist,
+        })?;
+        Ok(nv.value)
+    }
+
+    pub fn params(&mut self) -> Result<Vec<ParamRow>, ClientError> {
+        self.call_as(&Request::Params)
+    }
+
+    /// Starts a mode switch; returns the mode's canonical name.
+    pub fn mode(&mut self, mode: &str) -> Result<String, ClientError> {
+        let v = self.call(&Request::Mode { mode: mode.into() })?;
+        v.get("mode")
+            .and_then(|m| m.as_str())
+            .map(str::to_string)
+            .ok_or_else(|| self.protocol("no mode in the answer"))
+    }
+
+    pub fn reset_stats(&mut self) -> Result<(), ClientError> {
+        self.call(&Request::ResetStats).map(drop)
+    }
+}

@@ -1,0 +1,1117 @@
+//! The config file: `flashtier serve --config FILE`, `flashtier set --persist` and
+//! `flashtier config check FILE`.
+//!
+//! TOML with two tables: `[serve]` holds the `flashtier serve` options (the long flags' names with
+//! `_` for `-`; flags given on the command line override them) and `[policy]` the live parameters
+//! of [`flashtier_engine::PARAMS`]. [`load`] checks every value the way the command line and the
+//! control API do (the same validators), so a file that loads starts a server; [`persist`] changes
+//! one value in place, keeping the rest of the file and its comments.
+//!
+//! [`SERVE_KEYS`] and [`PARAMS`] document every key; [`example`] renders them as the repository's
+//! `flashtier.example.toml` (a test keeps the two equal).
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use flashtier_engine::{tunables, Mode, ParamError, PARAMS};
+use toml_edit::{Item, Table, TableLike, Value};
+
+/// A parsed and validated config file.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Config {
+    /// The file it was read from.
+    pub path: PathBuf,
+    pub serve: ServeConfig,
+    /// `[policy]` in file order: (parameter name, value as `Cache::set_param` takes it).
+    pub policy: Vec<(String, String)>,
+}
+
+/// The `[serve]` table; `None` = not set in the file.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ServeConfig {
+    pub backing: Option<String>,
+    pub cache: Option<String>,
+    pub listen: Option<String>,
+    /// A valid mode's canonical name (`writeback`, ...).
+    pub mode: Option<String>,
+    pub export_name: Option<String>,
+    pub read_only: Option<bool>,
+    pub direct: Option<bool>,
+    pub threads: Option<u32>,
+    pub max_connections: Option<u32>,
+    pub shutdown_grace: Option<u64>,
+    pub control_socket: Option<String>,
+    pub metrics_listen: Option<String>,
+    pub stats_file: Option<String>,
+    pub endurance_tbw: Option<f64>,
+}
+
+impl ServeConfig {
+    /// Every `[serve]` key in [`SERVE_KEYS`] order with its value in TOML syntax, if set.
+    pub fn entries(&self) -> Vec<(&'static KeyInfo, Option<String>)> {
+        let s = |v: &Option<String>| v.as_ref().map(|v| Value::from(v.as_str()).to_string());
+        let n = |v: Option<u64>| v.map(|v| v.to_string());
+        let values = [
+            s(&self.backing),
+            s(&self.cache),
+            s(&self.listen),
+            s(&self.mode),
+            s(&self.export_name),
+            self.read_only.map(|v| v.to_string()),
+            self.direct.map(|v| v.to_string()),
+            n(self.threads.map(u64::from)),
+            n(self.max_connections.map(u64::from)),
+            n(self.shutdown_grace),
+            s(&self.control_socket),
+            s(&self.metrics_listen),
+            s(&self.stats_file),
+            self.endurance_tbw.map(|v| Value::from(v).to_string()),
+        ];
+        SERVE_KEYS
+            .iter()
+            .zip(values)
+            .map(|(k, v)| (k, v.map(|v| v.trim().to_string())))
+            .collect()
+    }
+}
+
+/// What an operator needs to know about one `[serve]` key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyInfo {
+    pub name: &'static str,
+    pub doc: &'static str,
+    /// What applies when the key is absent.
+    pub default: &'static str,
+    pub allowed: &'static str,
+    /// How the example file shows the key.
+    pub example: Example,
+}
+
+/// A key's line in the example file: a value in TOML syntax, set or commented out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Example {
+    Set(&'static str),
+    Commented(&'static str),
+}
+
+/// Most requests executed at once per connection (as `flashtier serve --threads`).
+pub const MAX_THREADS: u32 = 1024;
+/// Most client connections (as `flashtier serve --max-connections`).
+pub const MAX_CONNECTIONS: u32 = 65536;
+
+/// Every `[serve]` key, in the order the example file and `config check` show them.
+pub const SERVE_KEYS: &[KeyInfo] = &[
+    KeyInfo {
+        name: "backing",
+        doc: "The slow backing store: a file, a block device, or an NBD URI such as \
+              nbd://host:10809/export or nbd+unix:///export?socket=/path.",
+        default: "none, required here or as --backing",
+        allowed: "a path or an NBD URI",
+        example: Example::Set("\"/dev/sdb\""),
+    },
+    KeyInfo {
+        name: "cache",
+        doc: "The cache file or device (an SSD partition), prepared with `flashtier format` for \
+              this backing store. Without it the backing store is served as is (pass-through).",
+        default: "none",
+        allowed: "a path",
+        example: Example::Set("\"/dev/nvme0n1p1\""),
+    },
+    KeyInfo {
+        name: "listen",
+        doc: "Where NBD clients connect: a unix socket path (created mode 0600), or HOST:PORT for \
+              TCP. :PORT listens on loopback only; name an address (e.g. 0.0.0.0:10809) to listen \
+              beyond this machine.",
+        default: "/run/flashtier/nbd.sock as root, else $XDG_RUNTIME_DIR/flashtier/nbd.sock",
+        allowed: "a socket path or [HOST]:PORT",
+        example: Example::Set("\"/run/flashtier/nbd.sock\""),
+    },
+    KeyInfo {
+        name: "mode",
+        doc: "Cache mode: writeback (writes land in the cache and are written back later), \
+              writethrough (writes go to both before they are acknowledged), writearound (writes \
+              go to the backing store; reads are cached) or passthrough (the cache is bypassed). \
+              Needs a cache. Change it live with `flashtier mode MODE` (leaving write-back writes \
+              every dirty block back first); `flashtier set mode MODE --persist` also writes it \
+              here.",
+        default: "the mode the cache was formatted or last served with",
+        allowed: "writeback | writethrough | writearound | passthrough",
+        example: Example::Commented("\"writeback\""),
+    },
+    KeyInfo {
+        name: "export_name",
+        doc: "The NBD export's name. Clients asking for the empty (default) name get it too.",
+        default: "\"flashtier\"",
+        allowed: "a string",
+        example: Example::Commented("\"flashtier\""),
+    },
+    KeyInfo {
+        name: "read_only",
+        doc: "Serve read-only: writes, trims and zeroing fail with EPERM (not with a cache).",
+        default: "false",
+        allowed: "true | false",
+        example: Example::Commented("false"),
+    },
+    KeyInfo {
+        name: "direct",
+        doc: "Open a backing file or block device with O_DIRECT, bypassing the kernel page cache.",
+        default: "false",
+        allowed: "true | false",
+        example: Example::Commented("false"),
+    },
+    KeyInfo {
+        name: "threads",
+        doc: "Requests executed at once per connection.",
+        default: "16",
+        allowed: "1..=1024",
+        example: Example::Commented("16"),
+    },
+    KeyInfo {
+        name: "max_connections",
+        doc: "Most client connections served at once; more are refused.",
+        default: "256",
+        allowed: "1..=65536",
+        example: Example::Commented("256"),
+    },
+    KeyInfo {
+        name: "shutdown_grace",
+        doc: "On SIGINT/SIGTERM, seconds to wait for clients to collect the replies to requests \
+              already executed before closing their connections anyway.",
+        default: "30",
+        allowed: "0 or more (seconds)",
+        example: Example::Commented("30"),
+    },
+    KeyInfo {
+        name: "control_socket",
+        doc: "The control API's unix socket (created mode 0600), which `flashtier status`, \
+              `stats`, `get`, `set`, `mode` and `reset-stats` use (their --control option).",
+        default: "control.sock in the run directory (/run/flashtier as root, else \
+                  $XDG_RUNTIME_DIR/flashtier)",
+        allowed: "a socket path",
+        example: Example::Commented("\"/run/flashtier/control.sock\""),
+    },
+    KeyInfo {
+        name: "metrics_listen",
+        doc: "Serve Prometheus metrics (GET /metrics, text format 0.0.4) over HTTP on this \
+              address. :PORT listens on loopback only.",
+        default: "off",
+        allowed: "[HOST]:PORT",
+        example: Example::Commented("\"127.0.0.1:9633\""),
+    },
+    KeyInfo {
+        name: "stats_file",
+        doc: "A cat-able stats file, rewritten every second: one `name value` line per counter \
+              and figure, and PATH.json beside it with `flashtier stats --json`'s report.",
+        default: "stats in the run directory (/run/flashtier/stats as root)",
+        allowed: "a path",
+        example: Example::Commented("\"/run/flashtier/stats\""),
+    },
+    KeyInfo {
+        name: "endurance_tbw",
+        doc: "The cache device's rated endurance in terabytes written (its data sheet's TBW), for \
+              the wear forecast: days until the device reaches it at the current write rate.",
+        default: "none, no wear forecast",
+        allowed: "a number > 0",
+        example: Example::Commented("600"),
+    },
+];
+
+/// A config file that cannot be read, parsed, validated or written.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot {action} {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        action: &'static str,
+        source: std::io::Error,
+    },
+    #[error("{}: not valid TOML: {message}", path.display())]
+    Syntax { path: PathBuf, message: String },
+    #[error("{}{}: {key}: {message}", path.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
+    Invalid {
+        path: PathBuf,
+        /// 1-based line of the key, where known.
+        line: Option<usize>,
+        /// `[table] key`, or `[table]` for a table.
+        key: String,
+        /// What is wrong and what is allowed.
+        message: String,
+    },
+}
+
+/// Reads, parses and validates the config file at `path`.
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        path: path.to_path_buf(),
+        action: "read config file",
+        source,
+    })?;
+    parse(path, &text)
+}
+
+/// Parses and validates `text`, the content of the file `path` (named in errors).
+pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
+    let doc = toml_edit::Document::parse(text).map_err(|e| ConfigError::Syntax {
+        path: path.to_path_buf(),
+        message: e.to_string().trim_end().to_string(),
+    })?;
+    let p = Parser { path, text };
+    let mut config = Config {
+        path: path.to_path_buf(),
+        ..Config::default()
+    };
+    let root = doc.as_table();
+    for (name, item) in root.iter() {
+        let key = root.key(name);
+        match name {
+            "serve" | "policy" => {
+                let table = item.as_table_like().ok_or_else(|| {
+                    p.invalid(
+                        key.and_then(|k| k.span()),
+                        name.to_string(),
+                        format!("must be a table ([{name}])"),
+                    )
+                })?;
+                if name == "serve" {
+                    config.serve = p.serve(table)?;
+                } else {
+                    config.policy = p.policy(table)?;
+                }
+            }
+            _ if item.is_table_like() => {
+                return Err(p.invalid(
+                    item.span().or_else(|| key.and_then(|k| k.span())),
+                    format!("[{name}]"),
+                    "unknown table (allowed: [serve], [policy])".to_string(),
+                ))
+            }
+            _ => {
+                return Err(p.invalid(
+                    key.and_then(|k| k.span()),
+                    name.to_string(),
+                    "a key outside any table: put it under [serve] or [policy]".to_string(),
+                ))
+            }
+        }
+    }
+    Ok(config)
+}
+
+/// Sets `name` to `value` in the config file at `path`: `[policy].name` for a live parameter,
+/// `[serve].mode` for `mode`. The value is checked first; the rest of the file (comments,
+/// other keys, layout) is kept. Written atomically (temporary file, fsync, rename), so a crash
+/// leaves the old file or the new one; a missing file is created.
+pub fn persist(path: &Path, name: &str, value: &str) -> Result<(), ConfigError> {
+    let old = match std::fs::read_to_string(path) {
+        Ok(text) => Some(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(source) => {
+            return Err(ConfigError::Io {
+                path: path.to_path_buf(),
+                action: "read config file",
+                source,
+            })
+        }
+    };
+    let new = set_in_text(path, old.as_deref().unwrap_or(""), name, value)?;
+    write_atomically(path, new.as_bytes()).map_err(|source| ConfigError::Io {
+        path: path.to_path_buf(),
+        action: "write config file",
+        source,
+    })
+}
+
+/// [`persist`] without the I/O: `text` with `name` set to `value`. The result is validated as a
+/// whole, so a file that would not load is never written.
+pub fn set_in_text(
+    path: &Path,
+    text: &str,
+    name: &str,
+    value: &str,
+) -> Result<String, ConfigError> {
+    let (table_name, value) = if name == "mode" {
+        let mode = Mode::from_str(value.trim()).map_err(|e| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            line: None,
+            key: "[serve] mode".to_string(),
+            message: format!("invalid value '{value}': {e}"),
+        })?;
+        ("serve", Value::from(mode.name()))
+    } else {
+        tunables::validate(name, value).map_err(|e| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            line: None,
+            key: format!("[policy] {name}"),
+            message: param_message(&e),
+        })?;
+        ("policy", toml_value(value.trim()))
+    };
+    let mut doc: toml_edit::DocumentMut =
+        text.parse()
+            .map_err(|e: toml_edit::TomlError| ConfigError::Syntax {
+                path: path.to_path_buf(),
+                message: e.to_string().trim_end().to_string(),
+            })?;
+    let root = doc.as_table_mut();
+    if !root.contains_key(table_name) {
+        root.insert(table_name, Item::Table(Table::new()));
+    }
+    let table = root[table_name]
+        .as_table_like_mut()
+        .ok_or_else(|| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            line: None,
+            key: table_name.to_string(),
+            message: format!("must be a table ([{table_name}])"),
+        })?;
+    let mut value = value;
+    match table.get_mut(name) {
+        Some(Item::Value(old)) => {
+            // Keep the whitespace and the comment on the same line.
+            *value.decor_mut() = old.decor().clone();
+            *old = value;
+        }
+        _ => {
+            table.insert(name, Item::Value(value));
+        }
+    }
+    let new = doc.to_string();
+    parse(path, &new)?;
+    Ok(new)
+}
+
+/// Writes `data` to `path` through a temporary file in the same directory, synced and renamed
+/// over it (keeping the old file's permissions), then syncs the directory.
+fn write_atomically(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let file_name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        file_name.to_string_lossy(),
+        std::process::id()
+    ));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        if let Ok(meta) = std::fs::metadata(path) {
+            f.set_permissions(meta.permissions())?;
+        }
+        f.write_all(data)?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(&dir)?.sync_all()
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// A [`ParamError`] without the parameter's name (the error already names the key).
+fn param_message(e: &ParamError) -> String {
+    match e {
+        ParamError::Unknown { known, .. } => format!("unknown parameter (known: {known})"),
+        ParamError::Invalid { value, allowed, .. } => {
+            format!("invalid value '{value}': allowed {allowed}")
+        }
+    }
+}
+
+struct Parser<'a> {
+    path: &'a Path,
+    text: &'a str,
+}
+
+impl Parser<'_> {
+    fn invalid(
+        &self,
+        span: Option<std::ops::Range<usize>>,
+        key: String,
+        message: String,
+    ) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.path.to_path_buf(),
+            line: span.map(|s| line_of(self.text, s.start)),
+            key,
+            message,
+        }
+    }
+
+    fn serve(&self, table: &dyn TableLike) -> Result<ServeConfig, ConfigError> {
+        let mut s = ServeConfig::default();
+        for (name, item) in table.iter() {
+            let span = span_of(table, name, item);
+            let key = format!("[serve] {name}");
+            let info = SERVE_KEYS.iter().find(|k| k.name == name).ok_or_else(|| {
+                let known: Vec<_> = SERVE_KEYS.iter().map(|k| k.name).collect();
+                self.invalid(
+                    span.clone(),
+                    key.clone(),
+                    format!(
+                        "unknown key{} (allowed: {})",
+                        did_you_mean(name, &known),
+                        known.join(", ")
+                    ),
+                )
+            })?;
+            let bad = |what: String| self.invalid(span.clone(), key.clone(), what);
+            let shown = item
+                .as_value()
+                .map(|v| v.to_string().trim().to_string())
+                .unwrap_or_else(|| "a table".to_string());
+            let wrong = || bad(format!("invalid value {shown}: allowed {}", info.allowed));
+            let string = || -> Result<String, ConfigError> {
+                match item.as_str() {
+                    Some(v) if !v.trim().is_empty() => Ok(v.to_string()),
+                    _ => Err(bad(format!(
+                        "invalid value {shown}: expected a non-empty string ({})",
+                        info.allowed
+                    ))),
+                }
+            };
+            let boolean = || item.as_bool().ok_or_else(wrong);
+            let integer = |lo: i64, hi: i64| {
+                item.as_integer()
+                    .filter(|n| (lo..=hi).contains(n))
+                    .ok_or_else(wrong)
+            };
+            match name {
+                "backing" => s.backing = Some(string()?),
+                "cache" => s.cache = Some(string()?),
+                "listen" => s.listen = Some(string()?),
+                "mode" => {
+                    let v = string()?;
+                    let m = Mode::from_str(&v).map_err(|_| {
+                        bad(format!("invalid value {shown}: allowed {}", info.allowed))
+                    })?;
+                    s.mode = Some(m.name().to_string());
+                }
+                "export_name" => s.export_name = Some(item.as_str().ok_or_else(wrong)?.to_string()),
+                "read_only" => s.read_only = Some(boolean()?),
+                "direct" => s.direct = Some(boolean()?),
+                "threads" => s.threads = Some(integer(1, MAX_THREADS.into())? as u32),
+                "max_connections" => {
+                    s.max_connections = Some(integer(1, MAX_CONNECTIONS.into())? as u32)
+                }
+                "shutdown_grace" => s.shutdown_grace = Some(integer(0, i64::MAX)? as u64),
+                "control_socket" => s.control_socket = Some(string()?),
+                "metrics_listen" => {
+                    let v = string()?;
+                    let port_ok = v
+                        .rsplit_once(':')
+                        .is_some_and(|(_, port)| port.parse::<u16>().is_ok());
+                    if !port_ok {
+                        return Err(wrong());
+                    }
+                    s.metrics_listen = Some(v);
+                }
+                "stats_file" => s.stats_file = Some(string()?),
+                "endurance_tbw" => {
+                    let v = item
+                        .as_float()
+                        .or_else(|| item.as_integer().map(|n| n as f64))
+                        .filter(|v| v.is_finite() && *v > 0.0)
+                        .ok_or_else(wrong)?;
+                    s.endurance_tbw = Some(v);
+                }
+                _ => unreachable!("every entry of SERVE_KEYS is parsed"),
+            }
+        }
+        Ok(s)
+    }
+
+    fn policy(&self, table: &dyn TableLike) -> Result<Vec<(String, String)>, ConfigError> {
+        let mut policy = Vec::new();
+        for (name, item) in table.iter() {
+            let span = span_of(table, name, item);
+            let key = format!("[policy] {name}");
+            let bad = |what: String| self.invalid(span.clone(), key.clone(), what);
+            if name == "mode" {
+                return Err(bad(
+                    "the mode is set in [serve] (mode = \"writeback\", ...), not in [policy]"
+                        .to_string(),
+                ));
+            }
+            let value = match item.as_value() {
+                Some(Value::Integer(n)) => n.value().to_string(),
+                Some(Value::String(s)) => s.value().trim().to_string(),
+                _ => {
+                    let info = tunables::info(name).map_err(|e| bad(param_message(&e)))?;
+                    let shown = item
+                        .as_value()
+                        .map(|v| v.to_string().trim().to_string())
+                        .unwrap_or_else(|| "a table".to_string());
+                    return Err(bad(format!(
+                        "invalid value {shown}: allowed {}",
+                        info.allowed
+                    )));
+                }
+            };
+            tunables::validate(name, &value).map_err(|e| {
+                let known: Vec<_> = PARAMS.iter().map(|p| p.name).collect();
+                match e {
+                    ParamError::Unknown { .. } => bad(format!(
+                        "unknown parameter{} (known: {})",
+                        did_you_mean(name, &known),
+                        known.join(", ")
+                    )),
+                    e => bad(param_message(&e)),
+                }
+            })?;
+            policy.push((name.to_string(), value));
+        }
+        Ok(policy)
+    }
+}
+
+/// Where the key `name` (else its value) is in the parsed text.
+fn span_of(table: &dyn TableLike, name: &str, item: &Item) -> Option<std::ops::Range<usize>> {
+    table
+        .key(name)
+        .and_then(|k| k.span())
+        .or_else(|| item.span())
+}
+
+/// The 1-based line of byte `offset` in `text`.
+fn line_of(text: &str, offset: usize) -> usize {
+    text.as_bytes()[..offset.min(text.len())]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
+}
+
+/// ", did you mean 'x'?" when one known name is close to `name` (a typo), else "".
+fn did_you_mean(name: &str, known: &[&str]) -> String {
+    let best = known
+        .iter()
+        .map(|k| (edit_distance(name, k), *k))
+        .min()
+        .filter(|(d, k)| *d <= 2.max(k.len() / 4) || k.starts_with(name) || name.starts_with(k));
+    match best {
+        Some((_, k)) => format!(", did you mean '{k}'?"),
+        None => String::new(),
+    }
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = if ca == *cb {
+                prev
+            } else {
+                1 + prev.min(row[j]).min(row[j + 1])
+            };
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+/// Width of the example file's comment lines.
+const WIDTH: usize = 96;
+
+/// `text` as `# ` comment lines of at most [`WIDTH`] columns.
+fn comment(out: &mut String, text: &str) {
+    let mut line = String::from("#");
+    for word in text.split_whitespace() {
+        if line.len() + 1 + word.len() > WIDTH && line.len() > 1 {
+            out.push_str(&line);
+            out.push('\n');
+            line = String::from("#");
+        }
+        line.push(' ');
+        line.push_str(word);
+    }
+    out.push_str(&line);
+    out.push('\n');
+}
+
+/// One documented key of the example file.
+fn entry(out: &mut String, doc: &str, default: &str, allowed: &str, line: &str) {
+    out.push('\n');
+    comment(out, doc);
+    comment(out, &format!("Default: {default}. Allowed: {allowed}."));
+    out.push_str(line);
+    out.push('\n');
+}
+
+/// A parameter's value as TOML: an integer if it is one, else a string.
+fn toml_value(v: &str) -> Value {
+    match v.parse::<i64>() {
+        Ok(n) => Value::from(n),
+        Err(_) => Value::from(v),
+    }
+}
+
+/// The content of the repository's `flashtier.example.toml`: every `[serve]` key and every live
+/// parameter, with its meaning, default and allowed values.
+pub fn example() -> String {
+    let mut out = String::new();
+    out.push_str(
+        "# flashtier configuration: `flashtier serve --config FILE`.\n\
+         #\n\
+         # Every key is optional; an absent key takes the default shown. Options given on the\n\
+         # command line override the file. Check a file with `flashtier config check FILE`.\n\
+         # Generated from the code's documentation of each key (a test keeps the two equal).\n\
+         \n\
+         # The `flashtier serve` options, named like its flags with '_' for '-' (see\n\
+         # `flashtier serve --help`). They apply when the server starts.\n\
+         [serve]\n",
+    );
+    for k in SERVE_KEYS {
+        let line = match k.example {
+            Example::Set(v) => format!("{} = {v}", k.name),
+            Example::Commented(v) => format!("# {} = {v}", k.name),
+        };
+        entry(&mut out, k.doc, k.default, k.allowed, &line);
+    }
+    out.push_str(
+        "\n\
+         # Live parameters: applied when the server starts, and changeable while it serves with\n\
+         # `flashtier set NAME VALUE` (`--persist` also writes the value here); `flashtier get\n\
+         # --all` shows the current values. The values below are the defaults.\n\
+         [policy]\n",
+    );
+    for p in PARAMS {
+        let line = format!("{} = {}", p.name, toml_value(p.default));
+        entry(&mut out, p.doc, p.default, p.allowed, &line);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path() -> &'static Path {
+        Path::new("/etc/flashtier.toml")
+    }
+
+    fn err(text: &str) -> String {
+        parse(path(), text).unwrap_err().to_string()
+    }
+
+    const FULL: &str = r#"
+# A comment.
+[serve]
+backing = "/dev/sdb"
+cache = "/dev/nvme0n1p1"
+listen = "/run/flashtier/nbd.sock"
+mode = "write-through"
+export_name = "db"
+read_only = false
+direct = true
+threads = 8
+max_connections = 65536
+shutdown_grace = 0
+control_socket = "/run/flashtier/control.sock"
+metrics_listen = ":9633"
+stats_file = "/run/flashtier/stats"
+endurance_tbw = 600
+
+[policy]
+reclaim_policy = "fifo"
+sequential_cutoff_read_kib = 1024
+sequential_cutoff_write_kib = "512"
+promotion = "nhit"
+promotion_nhit = 3
+promotion_window_secs = 60
+"#;
+
+    #[test]
+    fn every_documented_key_is_read() {
+        let c = parse(path(), FULL).unwrap();
+        let expected = ServeConfig {
+            backing: Some("/dev/sdb".into()),
+            cache: Some("/dev/nvme0n1p1".into()),
+            listen: Some("/run/flashtier/nbd.sock".into()),
+            mode: Some("writethrough".into()),
+            export_name: Some("db".into()),
+            read_only: Some(false),
+            direct: Some(true),
+            threads: Some(8),
+            max_connections: Some(65536),
+            shutdown_grace: Some(0),
+            control_socket: Some("/run/flashtier/control.sock".into()),
+            metrics_listen: Some(":9633".into()),
+            stats_file: Some("/run/flashtier/stats".into()),
+            endurance_tbw: Some(600.0),
+        };
+        assert_eq!(c.serve, expected);
+        assert_eq!(c.path, path());
+        let policy: Vec<(&str, &str)> = c
+            .policy
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            policy,
+            [
+                ("reclaim_policy", "fifo"),
+                ("sequential_cutoff_read_kib", "1024"),
+                ("sequential_cutoff_write_kib", "512"),
+                ("promotion", "nhit"),
+                ("promotion_nhit", "3"),
+                ("promotion_window_secs", "60"),
+            ]
+        );
+        // Every key the tables document is in this test's file.
+        for k in SERVE_KEYS {
+            assert!(
+                FULL.contains(&format!("\n{} = ", k.name)),
+                "{} untested",
+                k.name
+            );
+        }
+        for p in PARAMS {
+            assert!(
+                FULL.contains(&format!("\n{} = ", p.name)),
+                "{} untested",
+                p.name
+            );
+        }
+        // entries() shows every set key.
+        assert!(c.serve.entries().iter().all(|(_, v)| v.is_some()));
+        assert_eq!(c.serve.entries()[7].1.as_deref(), Some("8"));
+        assert_eq!(c.serve.entries()[0].1.as_deref(), Some("\"/dev/sdb\""));
+        // An empty file is a valid config that sets nothing.
+        assert_eq!(parse(path(), "").unwrap().serve, ServeConfig::default());
+    }
+
+    #[test]
+    fn every_key_round_trips_through_persist() {
+        // Each parameter at a non-default allowed value, persisted into an empty file, a file
+        // with other keys, and over an existing value, loads back as set.
+        let values = [
+            ("reclaim_policy", "fifo"),
+            ("sequential_cutoff_read_kib", "1048576"),
+            ("sequential_cutoff_write_kib", "0"),
+            ("promotion", "nhit"),
+            ("promotion_nhit", "255"),
+            ("promotion_window_secs", "86400"),
+        ];
+        assert_eq!(values.len(), PARAMS.len(), "a parameter is missing here");
+        let mut text = String::new();
+        for (name, value) in values {
+            text = set_in_text(path(), &text, name, value).unwrap();
+            let c = parse(path(), &text).unwrap();
+            assert!(
+                c.policy.contains(&(name.to_string(), value.to_string())),
+                "{text}"
+            );
+        }
+        for p in PARAMS {
+            text = set_in_text(path(), &text, p.name, p.default).unwrap();
+        }
+        let c = parse(path(), &text).unwrap();
+        for p in PARAMS {
+            assert!(c
+                .policy
+                .contains(&(p.name.to_string(), p.default.to_string())));
+        }
+        assert_eq!(
+            c.policy.len(),
+            PARAMS.len(),
+            "a key was duplicated:\n{text}"
+        );
+        // Numbers are written as TOML integers, words as strings.
+        assert!(text.contains("promotion_nhit = 2\n"), "{text}");
+        assert!(text.contains("promotion = \"always\"\n"), "{text}");
+        for m in Mode::ALL {
+            let t = set_in_text(path(), &text, "mode", &m.name().to_uppercase()).unwrap();
+            assert_eq!(
+                parse(path(), &t).unwrap().serve.mode.as_deref(),
+                Some(m.name())
+            );
+        }
+    }
+
+    #[test]
+    fn persist_keeps_comments_and_other_keys_and_writes_atomically() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("flashtier.toml");
+        let original = "# Top comment.\n\
+                        [serve]\n\
+                        backing = \"/dev/sdb\"   # the slow disk\n\
+                        \n\
+                        # Policy comment.\n\
+                        [policy]\n\
+                        # About the cutoff.\n\
+                        sequential_cutoff_read_kib = 4096  # trailing\n\
+                        promotion = \"always\"\n";
+        std::fs::write(&file, original).unwrap();
+        persist(&file, "sequential_cutoff_read_kib", "1024").unwrap();
+        persist(&file, "promotion_nhit", "4").unwrap();
+        persist(&file, "mode", "wt").unwrap();
+        let text = std::fs::read_to_string(&file).unwrap();
+        for kept in [
+            "# Top comment.\n",
+            "backing = \"/dev/sdb\"   # the slow disk\n",
+            "# Policy comment.\n",
+            "# About the cutoff.\nsequential_cutoff_read_kib = 1024  # trailing\n",
+            "promotion = \"always\"\n",
+            "promotion_nhit = 4\n",
+            "mode = \"writethrough\"\n",
+        ] {
+            assert!(text.contains(kept), "lost {kept:?}:\n{text}");
+        }
+        let c = load(&file).unwrap();
+        assert_eq!(c.serve.mode.as_deref(), Some("writethrough"));
+        assert_eq!(c.serve.backing.as_deref(), Some("/dev/sdb"));
+        // No temporary file is left behind.
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["flashtier.toml"]);
+
+        // A missing file is created.
+        let new = dir.path().join("new.toml");
+        persist(&new, "promotion", "nhit").unwrap();
+        assert_eq!(
+            load(&new).unwrap().policy,
+            [("promotion".to_string(), "nhit".to_string())]
+        );
+
+        // Bad values and names are refused and leave the file as it was.
+        let before = std::fs::read_to_string(&file).unwrap();
+        for (name, value, says) in [
+            ("promotion_nhit", "0", "allowed 1..=255"),
+            ("sequential_cutoff", "1", "known: reclaim_policy"),
+            ("mode", "fast", "writeback"),
+        ] {
+            let e = persist(&file, name, value).unwrap_err().to_string();
+            assert!(e.contains(says) && e.contains("flashtier.toml"), "{e}");
+        }
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), before);
+        // A file that is not TOML is not overwritten.
+        std::fs::write(&file, "[policy\n").unwrap();
+        let e = persist(&file, "promotion", "nhit").unwrap_err().to_string();
+        assert!(e.contains("not valid TOML"), "{e}");
+        // A directory that does not exist is an error naming the file.
+        let e = persist(&dir.path().join("no/such.toml"), "promotion", "nhit")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no/such.toml"), "{e}");
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_the_file_line_key_and_what_is_allowed() {
+        let cases: &[(&str, &[&str])] = &[
+            (
+                "[serve]\nthreads = 0\n",
+                &[":2:", "[serve] threads", "1..=1024"],
+            ),
+            ("[serve]\n\nthreads = 1025\n", &[":3:", "1..=1024"]),
+            (
+                "[serve]\nthreads = \"8\"\n",
+                &["[serve] threads", "1..=1024"],
+            ),
+            (
+                "[serve]\nmax_connections = 65537\n",
+                &["max_connections", "1..=65536"],
+            ),
+            (
+                "[serve]\nshutdown_grace = -1\n",
+                &["shutdown_grace", "0 or more"],
+            ),
+            (
+                "[serve]\nmode = \"fast\"\n",
+                &["[serve] mode", "\"fast\"", "writethrough"],
+            ),
+            (
+                "[serve]\nread_only = \"yes\"\n",
+                &["read_only", "true | false"],
+            ),
+            ("[serve]\nbacking = 3\n", &["backing", "string"]),
+            ("[serve]\ncache = \"\"\n", &["cache", "non-empty"]),
+            (
+                "[serve]\nmetrics_listen = \"localhost\"\n",
+                &["metrics_listen", "[HOST]:PORT"],
+            ),
+            ("[serve]\nendurance_tbw = 0\n", &["endurance_tbw", "> 0"]),
+            ("[serve]\nendurance_tbw = nan\n", &["endurance_tbw", "> 0"]),
+            (
+                "[policy]\npromotion_nhit = 0\n",
+                &[":2:", "[policy] promotion_nhit", "'0'", "allowed 1..=255"],
+            ),
+            (
+                "[policy]\nsequential_cutoff_read_kib = 2000000\n",
+                &["sequential_cutoff_read_kib", "0..=1048576"],
+            ),
+            ("[policy]\npromotion = \"sometimes\"\n", &["always | nhit"]),
+            (
+                "[policy]\npromotion = true\n",
+                &["promotion", "always | nhit"],
+            ),
+            ("[policy]\nreclaim_policy = [\"lru\"]\n", &["fifo | lru"]),
+            (
+                "[policy]\nmode = \"writeback\"\n",
+                &["[policy] mode", "[serve]"],
+            ),
+        ];
+        for (text, says) in cases {
+            let e = err(text);
+            assert!(e.starts_with("/etc/flashtier.toml"), "{text:?}: {e}");
+            for s in *says {
+                assert!(e.contains(s), "{text:?}: {e:?} does not say {s:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_tables_and_keys_are_refused() {
+        let cases: &[(&str, &[&str])] = &[
+            (
+                "[serve]\nbacking = \"/x\"\nthread = 4\n",
+                &[
+                    ":3:",
+                    "[serve] thread",
+                    "unknown key",
+                    "did you mean 'threads'",
+                    "max_connections",
+                ],
+            ),
+            (
+                "[policy]\nsequential_cutoff = 4\n",
+                &[
+                    ":2:",
+                    "unknown parameter",
+                    "did you mean",
+                    "sequential_cutoff_read_kib",
+                ],
+            ),
+            (
+                "[policy]\nfrobnicate = 4\n",
+                &["unknown parameter (known: reclaim_policy"],
+            ),
+            (
+                "# x\n[sever]\nthreads = 1\n",
+                &[":2:", "[sever]", "unknown table", "[serve], [policy]"],
+            ),
+            (
+                "threads = 4\n",
+                &[":1:", "threads", "outside any table", "[serve]"],
+            ),
+            ("serve = 4\n", &["serve", "must be a table"]),
+            (
+                "[[policy]]\npromotion = \"nhit\"\n",
+                &["policy", "must be a table"],
+            ),
+            ("[serve.extra]\nx = 1\n", &["[serve] extra", "unknown key"]),
+            (
+                "[serve]\nthreads = 4\nthreads = 5\n",
+                &["not valid TOML", "line 3"],
+            ),
+            (
+                "[policy\n",
+                &["/etc/flashtier.toml: not valid TOML", "line 1"],
+            ),
+        ];
+        for (text, says) in cases {
+            let e = err(text);
+            for s in *says {
+                assert!(e.contains(s), "{text:?}: {e:?} does not say {s:?}");
+            }
+        }
+        // Inline tables and dotted keys are TOML too.
+        let c = parse(
+            path(),
+            "serve = { threads = 4 }\npolicy.promotion = \"nhit\"\n",
+        )
+        .unwrap();
+        assert_eq!(c.serve.threads, Some(4));
+        assert_eq!(c.policy, [("promotion".into(), "nhit".into())]);
+        let e = load(Path::new("/nonexistent/flashtier.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("/nonexistent/flashtier.toml"), "{e}");
+    }
+
+    /// The repository's example file is [`example`]'s output: every key and parameter with its
+    /// current documentation and default. `FLASHTIER_BLESS=1 cargo test` rewrites it.
+    #[test]
+    fn the_example_file_documents_every_key_and_loads() {
+        let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../flashtier.example.toml");
+        let expected = example();
+        if std::env::var_os("FLASHTIER_BLESS").is_some() {
+            std::fs::write(&file, &expected).unwrap();
+        }
+        let actual = std::fs::read_to_string(&file).unwrap_or_default();
+        for p in PARAMS {
+            let line = format!("\n{} = {}\n", p.name, toml_value(p.default));
+            assert!(
+                actual.contains(&line),
+                "{file:?} lacks {line:?} (regenerate it: FLASHTIER_BLESS=1 cargo test -p \
+                 flashtier-control the_example_file)"
+            );
+        }
+        assert!(
+            actual == expected,
+            "{file:?} is out of date with the documentation of the keys and parameters \
+             (regenerate it: FLASHTIER_BLESS=1 cargo test -p flashtier-control the_example_file)"
+        );
+        let c = load(&file).unwrap();
+        assert_eq!(c.policy.len(), PARAMS.len());
+        for p in PARAMS {
+            assert!(c
+                .policy
+                .contains(&(p.name.to_string(), p.default.to_string())));
+            assert!(
+                expected.contains(p.allowed),
+                "{} range not documented",
+                p.name
+            );
+        }
+        for k in SERVE_KEYS {
+            assert!(
+                expected.contains(&format!("\n{} = ", k.name))
+                    || expected.contains(&format!("\n# {} = ", k.name))
+            );
+        }
+        // The commented-out lines are valid settings too.
+        let uncommented: String = expected
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(rest)
+                    if rest
+                        .split_once(" = ")
+                        .is_some_and(|(k, _)| SERVE_KEYS.iter().any(|s| s.name == k)) =>
+                {
+                    rest
+                }
+                _ => l,
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let c = parse(&file, &uncommented).unwrap();
+        assert!(
+            c.serve.entries().iter().all(|(_, v)| v.is_some()),
+            "{uncommented}"
+        );
+    }
+
+    #[test]
+    fn line_numbers_and_suggestions() {
+        assert_eq!(line_of("a\nb\nc", 0), 1);
+        assert_eq!(line_of("a\nb\nc", 2), 2);
+        assert_eq!(line_of("a\nb\nc", 99), 3);
+        assert_eq!(
+            did_you_mean("threds", &["threads", "direct"]),
+            ", did you mean 'threads'?"
+        );
+        assert_eq!(did_you_mean("zzzzzzz", &["threads", "direct"]), "");
+    }
+}

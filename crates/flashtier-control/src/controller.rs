@@ -1,0 +1,723 @@
+//! [`Controller`]: the one object every control path goes through (socket, stats file, metrics).
+//!
+//! It owns what the engine does not keep: the reset-stats baseline (the engine's counters only
+//! grow, so a reset is a remembered starting point, and a second reader is never surprised by
+//! counters going backwards under it), the window history, the latency baselines and the
+//! background mode-switch job. A server without a cache (pass-through) still reports its device,
+//! health and latencies; anything that needs a cache fails with [`ControlError::NoCache`].
+
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use flashtier_engine::{tunables, Cache, Mode, ParamError};
+use flashtier_io::BlockDev;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use crate::histogram::HistSnapshot;
+use crate::report::{
+    read_hit_pct, write_hit_pct, CacheStatus, Derived, JobReport, LatencyReport, Ordered, Report,
+    StatusReport, Wear,
+};
+use crate::timed::{Latencies, Op};
+use crate::windows::{Counters, Sampler, TOTAL};
+
+/// Writes one setting to the config file the server was started with (`name` = `mode` for the
+/// mode). `serve` passes `config::persist` bound to the file's path.
+pub type PersistFn =
+    Box<dyn Fn(&str, &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> + Send + Sync>;
+
+/// The values `mode` accepts, as shown in errors and `get --all`.
+pub const MODES: &str = "writeback | writethrough | writearound | passthrough";
+
+/// Why a control request was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error(
+        "no cache: this server exports its backing store as is (pass-through), so it has no \
+         parameters or modes; start `flashtier serve` with --cache to use them"
+    )]
+    NoCache,
+    #[error(transparent)]
+    Param(#[from] ParamError),
+    #[error("invalid value '{0}' for mode: allowed {MODES}")]
+    BadMode(String),
+    #[error("{0} is in progress; wait for it to finish (see `flashtier status`)")]
+    Busy(String),
+    #[error(
+        "--persist needs a config file, and this server was started without --config; \
+         the value was not changed"
+    )]
+    NoConfig,
+    // The cause is part of the message: it travels to the CLI as text over the socket.
+    #[error(
+        "could not write {name} = {value} to the config file (the value was not changed): {cause}"
+    )]
+    Persist {
+        name: String,
+        value: String,
+        cause: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error(transparent)]
+    Listen(#[from] flashtier_nbd::ServerError),
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// What the controller controls.
+pub struct ControllerOptions {
+    /// The exported device (described in the status).
+    pub dev: Arc<dyn BlockDev>,
+    /// The cache behind it, if any.
+    pub cache: Option<Arc<Cache>>,
+    /// The exported device's measurements (see [`crate::timed::Timed`]).
+    pub latencies: Arc<Latencies>,
+    /// The cache device's rated endurance in TB written, for the wear forecast.
+    pub endurance_tbw: Option<f64>,
+    /// How to persist a setting; `None` when the server has no config file.
+    pub persist: Option<PersistFn>,
+}
+
+/// One row of `get --all`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParamRow {
+    pub name: String,
+    pub value: String,
+    pub default: String,
+    pub allowed: String,
+    pub doc: String,
+}
+
+struct Job {
+    from: Mode,
+    to: Mode,
+    started: Instant,
+    dirty_at_start: u64,
+    /// `backing_write_bytes` when the switch started: the progress within a write-back pass.
+    backing_written_at_start: u64,
+    /// Set when the switch returns: how long it took and the error, if any.
+    finished: Option<(Duration, Option<String>)>,
+}
+
+pub struct Controller {
+    dev: Arc<dyn BlockDev>,
+    cache: Option<Arc<Cache>>,
+    lat: Arc<Latencies>,
+    endurance_tbw: Option<f64>,
+    persist: Option<PersistFn>,
+    started: Instant,
+    sampler: Mutex<Sampler>,
+    /// Cache device writes only, never reset: the wear rate must not restart with reset-stats.
+    wear_sampler: Mutex<Sampler>,
+    lat_baseline: Mutex<Vec<HistSnapshot>>,
+    job: Arc<Mutex<Option<Job>>>,
+}
+
+impl Controller {
+    pub fn new(opts: ControllerOptions) -> Controller {
+        let c = Controller {
+            dev: opts.dev,
+            cache: opts.cache,
+            lat: opts.latencies,
+            endurance_tbw: opts.endurance_tbw,
+            persist: opts.persist,
+            started: Instant::now(),
+            sampler: Mutex::new(Sampler::new(0, &[])),
+            wear_sampler: Mutex::new(Sampler::new(0, &[])),
+            lat_baseline: Mutex::new(vec![HistSnapshot::default(); Op::ALL.len()]),
+            job: Arc::default(),
+        };
+        let raw = c.raw_counters();
+        *c.sampler.lock() = Sampler::new(0, &raw);
+        *c.wear_sampler.lock() = Sampler::new(0, &wear_counter(&raw));
+        c
+    }
+
+    pub fn cache(&self) -> Option<&Arc<Cache>> {
+        self.cache.as_ref()
+    }
+
+    fn need_cache(&self) -> Result<&Arc<Cache>, ControlError> {
+        self.cache.as_ref().ok_or(ControlError::NoCache)
+    }
+
+    fn now_secs(&self) -> u64 {
+        self.started.elapsed().as_secs()
+    }
+
+    /// Every counter as it is now, monotonic: the engine's (with a cache) and the client side's.
+    fn raw_counters(&self) -> Counters {
+        let mut c = match &self.cache {
+            Some(cache) => cache.stats().fields(),
+            None => Vec::new(),
+        };
+        c.extend(self.lat.counters());
+        c
+    }
+
+    /// Keeps a sample for the windows; the ticker calls this every second.
+    pub fn tick(&self) {
+        let (now, raw) = (self.now_secs(), self.raw_counters());
+        self.sampler.lock().record(now, &raw);
+        self.wear_sampler.lock().record(now, &wear_counter(&raw));
+    }
+
+    /// Starts every counter, window and latency histogram again from zero (the engine's own
+    /// counters keep growing; this moves the baseline).
+    pub fn reset_stats(&self) {
+        let raw = self.raw_counters();
+        self.sampler.lock().restart(self.now_secs(), &raw);
+        *self.lat_baseline.lock() = Op::ALL.iter().map(|&op| self.lat.histogram(op)).collect();
+        tracing::info!("statistics reset");
+    }
+
+    pub fn report(&self) -> Report {
+        let now = self.now_secs();
+        let raw = self.raw_counters();
+        let (total, windows) = {
+            let s = self.sampler.lock();
+            (s.total(&raw), s.windows(now, &raw))
+        };
+        let counters: Ordered<u64> = total.into_iter().collect();
+        let status = self.status_report(now);
+        let cache_status = status.cache_status.as_ref();
+        let derived = Derived {
+            read_hit_pct: read_hit_pct(&counters),
+            write_hit_pct: write_hit_pct(&counters),
+            dirty_bytes: cache_status.map(|c| c.dirty_bytes),
+            used_pct: cache_status.map(|c| c.used_pct),
+        };
+        let wear = self.wear(now, &raw);
+        Report {
+            status,
+            job: self.job_report(),
+            counters,
+            derived,
+            window_secs: windows.iter().map(|w| (w.name, w.secs)).collect(),
+            windows: windows
+                .into_iter()
+                .map(|w| (w.name, w.deltas.into_iter().collect()))
+                .collect(),
+            latency: self.latency_report(),
+            wear,
+            params: match &self.cache {
+                Some(c) => c.params().into_iter().map(|(p, v)| (p.name, v)).collect(),
+                None => Ordered::default(),
+            },
+            generated_unix_ms: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        }
+    }
+
+    fn status_report(&self, now: u64) -> StatusReport {
+        let st = self.cache.as_ref().map(|c| c.status());
+        let health = match &st {
+            Some(s) if s.failed => "failed: the cache device failed; the cache refuses writes \
+                                    until flashtier is restarted (see its log)"
+                .to_string(),
+            _ => "ok".to_string(),
+        };
+        StatusReport {
+            device: self.dev.describe(),
+            size_bytes: self.dev.info().size,
+            cache: st.is_some(),
+            mode: st.as_ref().map(|s| s.mode.to_string()),
+            health,
+            uptime_secs: now,
+            cache_status: st.map(|s| CacheStatus {
+                block_size: s.block_size,
+                capacity_blocks: s.capacity_blocks,
+                cached_blocks: s.cached_blocks,
+                dirty_blocks: s.dirty_blocks,
+                dirty_bytes: s.dirty_blocks * s.block_size as u64,
+                used_pct: if s.capacity_blocks == 0 {
+                    0.0
+                } else {
+                    s.cached_blocks as f64 * 100.0 / s.capacity_blocks as f64
+                },
+                segments: s.segments,
+                free_segments: s.free_segments as u64,
+                segment_size: s.segment_size,
+                index_bytes: s.index_bytes as u64,
+                atomic_write_bytes: s.atomic_write_bytes,
+                reclaim_policy: s.reclaim.to_string(),
+            }),
+        }
+    }
+
+    fn latency_report(&self) -> Ordered<LatencyReport> {
+        let base = self.lat_baseline.lock().clone();
+        Op::ALL
+            .iter()
+            .zip(base)
+            .map(|(&op, base)| {
+                let h = self.lat.histogram(op).since(&base);
+                let us = |ns: u64| ns as f64 / 1000.0;
+                let r = LatencyReport {
+                    count: h.count,
+                    p50_us: us(h.quantile(0.5)),
+                    p99_us: us(h.quantile(0.99)),
+                    p999_us: us(h.quantile(0.999)),
+                    max_us: us(h.max),
+                    sum_us: us(h.sum),
+                };
+                (op.name(), r)
+            })
+            .collect()
+    }
+
+    fn wear(&self, now: u64, raw: &Counters) -> Wear {
+        let written = wear_counter(raw);
+        // The day window (or what there is of it), once it spans a minute: a rate extrapolated
+        // from a few seconds of start-up writes would be noise.
+        let windows = self.wear_sampler.lock().windows(now, &written);
+        let day = windows.iter().rev().find(|w| w.name != TOTAL);
+        let written = written.first().map_or(0, |c| c.1);
+        let (bytes_per_day, days_to_rated_tbw) = match (day, &self.cache) {
+            (Some(w), Some(_)) => {
+                let delta = w.deltas.first().map_or(0, |c| c.1);
+                forecast(delta, w.secs, written, self.endurance_tbw)
+            }
+            _ => (None, None),
+        };
+        Wear {
+            cache_bytes_written: written,
+            bytes_per_day,
+            endurance_tbw: self.endurance_tbw,
+            days_to_rated_tbw,
+        }
+    }
+
+    fn job_report(&self) -> Option<JobReport> {
+        let job = self.job.lock();
+        let j = job.as_ref()?;
+        let (dirty_now, backing_written, block_size) = match &self.cache {
+            Some(c) => {
+                let st = c.status();
+                (
+                    st.dirty_blocks,
+                    c.stats().backing_write_bytes,
+                    st.block_size as u64,
+                )
+            }
+            None => (0, 0, 1),
+        };
+        // The engine marks blocks clean only when a whole pass has been written back and
+        // flushed, so while it runs, what it wrote to the backing store so far is the progress.
+        let dirty_left = if j.finished.is_some() {
+            dirty_now
+        } else {
+            let written = backing_written.saturating_sub(j.backing_written_at_start) / block_size;
+            dirty_now.saturating_sub(written)
+        };
+        let (elapsed, error) = match &j.finished {
+            Some((took, err)) => (*took, err.clone()),
+            None => (j.started.elapsed(), None),
+        };
+        Some(JobReport {
+            what: format!("mode {} -> {}", j.from, j.to),
+            from: j.from.to_string(),
+            to: j.to.to_string(),
+            done: j.finished.is_some(),
+            error,
+            dirty_blocks_left: dirty_left,
+            dirty_blocks_at_start: j.dirty_at_start,
+            elapsed_secs: elapsed.as_secs_f64(),
+        })
+    }
+
+    /// The current value of a parameter or `mode`.
+    pub fn get(&self, name: &str) -> Result<String, ControlError> {
+        let cache = self.need_cache()?;
+        if name == "mode" {
+            return Ok(cache.mode().to_string());
+        }
+        cache.get_param(name).map_err(with_mode)
+    }
+
+    /// Sets a parameter live (for `mode`: starts the switch). With `persist`, the config file is
+    /// written first, so a value is never live-but-lost or saved-but-refused. Returns the value
+    /// as stored.
+    pub fn set(&self, name: &str, value: &str, persist: bool) -> Result<String, ControlError> {
+        let cache = self.need_cache()?;
+        if name == "mode" {
+            let mode = parse_mode(value)?;
+            self.start_switch(mode, persist)?;
+            return Ok(mode.to_string());
+        }
+        tunables::validate(name, value).map_err(with_mode)?;
+        if persist {
+            self.persist(name, value.trim())?;
+        }
+        cache.set_param(name, value)?;
+        cache.get_param(name).map_err(with_mode)
+    }
+
+    fn persist(&self, name: &str, value: &str) -> Result<(), ControlError> {
+        let persist = self.persist.as_ref().ok_or(ControlError::NoConfig)?;
+        persist(name, value).map_err(|cause| ControlError::Persist {
+            name: name.to_string(),
+            value: value.to_string(),
+            cause,
+        })?;
+        tracing::info!(name, value, "setting persisted to the config file");
+        Ok(())
+    }
+
+    /// Every parameter, `mode` first, with value, default and allowed values.
+    pub fn params(&self) -> Result<Vec<ParamRow>, ControlError> {
+        let cache = self.need_cache()?;
+        let mut rows = vec![ParamRow {
+            name: "mode".into(),
+            value: cache.mode().to_string(),
+            default: "as formatted".into(),
+            allowed: MODES.into(),
+            doc: "The cache mode. Leaving writeback writes every dirty block back first; \
+                  `flashtier mode` shows the progress."
+                .into(),
+        }];
+        rows.extend(cache.params().into_iter().map(|(p, value)| ParamRow {
+            name: p.name.into(),
+            value,
+            default: p.default.into(),
+            allowed: p.allowed.into(),
+            doc: p.doc.into(),
+        }));
+        Ok(rows)
+    }
+
+    /// Starts switching to `mode` on a background thread and returns at once; the report's
+    /// `job` shows the progress. Refused while another switch runs.
+    pub fn start_mode_switch(&self, mode: &str) -> Result<String, ControlError> {
+        self.need_cache()?;
+        let mode = parse_mode(mode)?;
+        self.start_switch(mode, false)?;
+        Ok(mode.to_string())
+    }
+
+    fn start_switch(&self, to: Mode, persist: bool) -> Result<(), ControlError> {
+        let cache = self.need_cache()?.clone();
+        // Held until the job is in place, so two requests cannot both start one.
+        let mut job = self.job.lock();
+        if let Some(j) = job.as_ref().filter(|j| j.finished.is_none()) {
+            return Err(ControlError::Busy(format!(
+                "a mode switch {} -> {}",
+                j.from, j.to
+            )));
+        }
+        if persist {
+            self.persist("mode", to.name())?;
+        }
+        let from = cache.mode();
+        *job = Some(Job {
+            from,
+            to,
+            started: Instant::now(),
+            dirty_at_start: cache.status().dirty_blocks,
+            backing_written_at_start: cache.stats().backing_write_bytes,
+            finished: None,
+        });
+        drop(job);
+        tracing::info!(%from, %to, "mode switch started");
+        let slot = self.job.clone();
+        let spawned = std::thread::Builder::new()
+            .name("flashtier-mode".into())
+            .spawn(move || {
+                let result = cache.set_mode(to);
+                match &result {
+                    Ok(()) => tracing::info!(%from, %to, "mode switch done"),
+                    Err(e) => tracing::error!(%from, %to, "mode switch failed: {e}"),
+                }
+                if let Some(j) = slot.lock().as_mut() {
+                    j.finished = Some((j.started.elapsed(), result.err().map(|e| e.to_string())));
+                }
+            });
+        if let Err(e) = spawned {
+            if let Some(j) = self.job.lock().as_mut() {
+                j.finished = Some((Duration::ZERO, Some(format!("cannot start: {e}"))));
+            }
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Whether a mode switch is still running (shutdown logs it: the cache keeps its dirty blocks
+    /// safely, and the next start resumes in the mode the device records).
+    pub fn job_running(&self) -> bool {
+        self.job
+            .lock()
+            .as_ref()
+            .is_some_and(|j| j.finished.is_none())
+    }
+}
+
+/// The engine's error, with `mode` among the known names (the control layer adds it).
+fn with_mode(e: ParamError) -> ControlError {
+    match e {
+        ParamError::Unknown { name, known } => ParamError::Unknown {
+            name,
+            known: format!("mode, {known}"),
+        }
+        .into(),
+        e => e.into(),
+    }
+}
+
+/// The shortest history a wear rate is computed from.
+const MIN_RATE_SECS: u64 = 60;
+
+/// `(bytes per day, days to the rated TBW)` from `delta` bytes written in the last `secs`
+/// seconds, `written` bytes so far and the rating in TB.
+fn forecast(delta: u64, secs: u64, written: u64, tbw: Option<f64>) -> (Option<f64>, Option<f64>) {
+    if secs < MIN_RATE_SECS {
+        return (None, None);
+    }
+    let rate = delta as f64 * 86_400.0 / secs as f64;
+    let days = tbw
+        .filter(|_| rate > 0.0)
+        .map(|tbw| (tbw * 1e12 - written as f64).max(0.0) / rate);
+    (Some(rate), days)
+}
+
+/// The counter the wear figures come from: bytes written to the cache device.
+fn wear_counter(raw: &Counters) -> Counters {
+    raw.iter()
+        .filter(|c| c.0 == "cache_write_bytes")
+        .copied()
+        .collect()
+}
+
+fn parse_mode(s: &str) -> Result<Mode, ControlError> {
+    s.trim()
+        .parse::<Mode>()
+        .map_err(|_| ControlError::BadMode(s.to_string()))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::timed::Timed;
+    use flashtier_engine::{format, BackingIdentity, FormatOptions, PARAMS};
+    use flashtier_io::MemDev;
+
+    /// A controller over a write-back cache on memory devices (1 MiB segments, 16 MiB cache,
+    /// 8 MiB backing), and the timed device clients would use.
+    pub(crate) fn cached(persist: Option<PersistFn>) -> (Arc<Controller>, Arc<Timed>) {
+        cached_on(Arc::new(MemDev::new(8 << 20)), persist)
+    }
+
+    fn cached_on(
+        backing: Arc<dyn BlockDev>,
+        persist: Option<PersistFn>,
+    ) -> (Arc<Controller>, Arc<Timed>) {
+        let dev: Arc<dyn BlockDev> = Arc::new(MemDev::new(16 << 20));
+        let ident = BackingIdentity {
+            size: 8 << 20,
+            name: "test-backing".into(),
+        };
+        let opts = FormatOptions {
+            segment_size: 1 << 20,
+            ..Default::default()
+        };
+        format(&*dev, ident.clone(), opts).unwrap();
+        let cache = Arc::new(Cache::open(dev, backing, &ident, None).unwrap());
+        controller(Some(cache), persist)
+    }
+
+    pub(crate) fn passthrough() -> (Arc<Controller>, Arc<Timed>) {
+        controller(None, None)
+    }
+
+    fn controller(
+        cache: Option<Arc<Cache>>,
+        persist: Option<PersistFn>,
+    ) -> (Arc<Controller>, Arc<Timed>) {
+        let inner: Arc<dyn BlockDev> = match &cache {
+            Some(c) => c.clone(),
+            None => Arc::new(MemDev::new(8 << 20)),
+        };
+        let timed = Arc::new(Timed::new(inner));
+        let c = Controller::new(ControllerOptions {
+            dev: timed.clone(),
+            cache,
+            latencies: timed.latencies(),
+            endurance_tbw: Some(600.0),
+            persist,
+        });
+        (Arc::new(c), timed)
+    }
+
+    pub(crate) fn wait_job(c: &Controller) -> JobReport {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let j = c.report().job.expect("a job");
+            if j.done {
+                return j;
+            }
+            assert!(Instant::now() < deadline, "mode switch did not finish");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn report_counts_since_reset_and_engine_counters_stay_monotonic() {
+        let (c, dev) = cached(None);
+        let buf = vec![7u8; 64 << 10];
+        dev.write_at(&buf, 0, false).unwrap();
+        let mut out = vec![0u8; 64 << 10];
+        dev.read_at(&mut out, 0).unwrap();
+        let r = c.report();
+        assert_eq!(r.counters.get("writes"), Some(&1));
+        assert_eq!(r.counters.get("client_write_bytes"), Some(&(64 << 10)));
+        assert_eq!(r.status.mode.as_deref(), Some("writeback"));
+        assert_eq!(r.status.health, "ok");
+        assert_eq!(r.status.cache_status.as_ref().unwrap().dirty_blocks, 16);
+        assert_eq!(r.derived.read_hit_pct, Some(100.0));
+        assert_eq!(r.latency.get("write").unwrap().count, 1);
+        assert!(r.wear.cache_bytes_written > 0);
+        assert_eq!(
+            r.windows.get("total").unwrap().get("writes"),
+            Some(&1),
+            "windows have every counter"
+        );
+        assert_eq!(r.params.0.len(), PARAMS.len());
+
+        c.reset_stats();
+        let r = c.report();
+        assert_eq!(r.counters.get("writes"), Some(&0));
+        assert_eq!(r.latency.get("write").unwrap().count, 0);
+        assert_eq!(r.windows.get("5min").unwrap().get("writes"), Some(&0));
+        assert!(r.wear.cache_bytes_written > 0, "wear is not reset");
+        dev.write_at(&buf, 0, false).unwrap();
+        assert_eq!(c.report().counters.get("writes"), Some(&1));
+        assert!(c.cache().unwrap().stats().writes >= 2, "engine unchanged");
+    }
+
+    #[test]
+    fn wear_forecast() {
+        assert_eq!(
+            forecast(1 << 30, 30, 0, Some(1.0)),
+            (None, None),
+            "too early"
+        );
+        // 1 TB a day against a 600 TB rating, 100 TB already written by us.
+        let (rate, days) = forecast(500_000_000_000, 43_200, 100_000_000_000_000, Some(600.0));
+        assert_eq!(rate, Some(1e12));
+        assert_eq!(days, Some(500.0));
+        assert_eq!(
+            forecast(0, 3600, 0, Some(600.0)),
+            (Some(0.0), None),
+            "no writes"
+        );
+        assert_eq!(forecast(10, 3600, 0, None).1, None, "no rating");
+    }
+
+    #[test]
+    fn set_validates_and_applies_live() {
+        let (c, _) = cached(None);
+        assert_eq!(
+            c.set("sequential_cutoff_read_kib", "0", false).unwrap(),
+            "0"
+        );
+        assert_eq!(c.get("sequential_cutoff_read_kib").unwrap(), "0");
+        let e = c
+            .set("sequential_cutoff_read_kib", "99999999", false)
+            .unwrap_err();
+        assert!(e.to_string().contains("0..=1048576"), "{e}");
+        let e = c.set("no_such", "1", false).unwrap_err();
+        assert!(e.to_string().contains("promotion_nhit"), "{e}");
+        assert!(e.to_string().contains("mode, "), "{e}");
+        let e = c.set("promotion", "nhit", true).unwrap_err();
+        assert!(matches!(e, ControlError::NoConfig), "{e}");
+        assert_eq!(c.get("promotion").unwrap(), "always", "not applied");
+        assert_eq!(c.params().unwrap()[0].name, "mode");
+    }
+
+    #[test]
+    fn persist_writes_first_and_a_failure_changes_nothing() {
+        let saved = Arc::new(Mutex::new(Vec::<(String, String)>::new()));
+        let s = saved.clone();
+        let (c, _) = cached(Some(Box::new(move |n: &str, v: &str| {
+            if v == "13" {
+                return Err("disk full".into());
+            }
+            s.lock().push((n.into(), v.into()));
+            Ok(())
+        })));
+        c.set("promotion_nhit", " 5", true).unwrap();
+        assert_eq!(c.get("promotion_nhit").unwrap(), "5");
+        let e = c.set("promotion_nhit", "13", true).unwrap_err();
+        assert!(e.to_string().contains("disk full"), "{e}");
+        assert_eq!(c.get("promotion_nhit").unwrap(), "5");
+        c.set("mode", "writethrough", true).unwrap();
+        wait_job(&c);
+        assert_eq!(
+            *saved.lock(),
+            vec![
+                ("promotion_nhit".to_string(), "5".to_string()),
+                ("mode".to_string(), "writethrough".to_string())
+            ]
+        );
+    }
+
+    #[test]
+    fn mode_switch_runs_in_the_background_and_writes_back() {
+        let (c, dev) = cached(None);
+        dev.write_at(&vec![1u8; 1 << 20], 0, false).unwrap();
+        assert!(c.report().status.cache_status.unwrap().dirty_blocks > 0);
+        assert!(c.start_mode_switch("bogus").is_err());
+        assert_eq!(c.start_mode_switch("wt").unwrap(), "writethrough");
+        let j = wait_job(&c);
+        assert_eq!(j.error, None);
+        assert_eq!(j.dirty_blocks_left, 0);
+        assert_eq!(j.dirty_blocks_at_start, 256);
+        assert_eq!(j.what, "mode writeback -> writethrough");
+        assert_eq!(c.get("mode").unwrap(), "writethrough");
+        assert!(!c.job_running());
+    }
+
+    #[test]
+    fn one_switch_at_a_time_with_progress() {
+        // Each backing write takes 20 ms: 20 scattered dirty blocks take 0.4 s to write back.
+        let slow =
+            flashtier_io::SlowDev::new(Arc::new(MemDev::new(8 << 20)), Duration::from_millis(20));
+        let (c, dev) = cached_on(Arc::new(slow), None);
+        for i in 0..20u64 {
+            dev.write_at(&[9u8; 4096], i * 65536, false).unwrap();
+        }
+        c.start_mode_switch("writearound").unwrap();
+        let e = c.start_mode_switch("writeback").unwrap_err();
+        assert!(e.to_string().contains("writeback -> writearound"), "{e}");
+        let j = c.report().job.unwrap();
+        assert!(!j.done && j.dirty_blocks_left <= 20, "{j:?}");
+        assert!(c.job_running());
+        let j = wait_job(&c);
+        assert_eq!((j.error, j.dirty_blocks_left), (None, 0));
+        c.start_mode_switch("writeback").unwrap();
+        assert_eq!(wait_job(&c).to, "writeback");
+    }
+
+    #[test]
+    fn passthrough_reports_what_exists_and_refuses_the_rest() {
+        let (c, dev) = passthrough();
+        dev.flush().unwrap();
+        let r = c.report();
+        assert!(!r.status.cache);
+        assert_eq!(r.status.mode, None);
+        assert_eq!(r.latency.get("flush").unwrap().count, 1);
+        assert_eq!(r.counters.get("client_flushes"), Some(&1));
+        assert_eq!(r.wear.bytes_per_day, None);
+        let json = serde_json::to_string(&r).unwrap();
+        let back: Report = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, r);
+        for e in [
+            c.get("mode").unwrap_err(),
+            c.set("promotion", "nhit", false).unwrap_err(),
+            c.start_mode_switch("writeback").unwrap_err(),
+            c.params().unwrap_err(),
+        ] {
+            assert!(e.to_string().contains("no cache"), "{e}");
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! [`Report::to_prometheus`]: the Prometheus text exposition format, version 0.0.4.
+//!
+//! Counters are `flashtier_<name>_total` (since the start or the last reset-stats: Prometheus's
+//! `rate()` treats a reset like a restart), the status and derived figures are gauges, latency
+//! is a summary per operation (`quantile` 0.5, 0.99, 0.999, with `_sum` and `_count`), and the
+//! mode, health and parameters are labelled info-style gauges with the value 1.
+
+use std::fmt::Write as _;
+
+use crate::report::Report;
+
+/// Metric names allow `[a-zA-Z_:][a-zA-Z0-9_:]*`; anything else becomes `_`.
+fn metric_name(s: &str) -> String {
+    s.chars()
+        .enumerate()
+        .map(|(i, c)| {
+            if c.is_ascii_alphabetic() || c == '_' || c == ':' || (i > 0 && c.is_ascii_digit()) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+/// Label values escape backslash, double quote and newline.
+fn label_value(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// HELP text escapes backslash and newline.
+fn help(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+/// Floats as Prometheus writes them.
+fn float(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else {
+        format!("{v}")
+    }
+}
+
+struct Out(String);
+
+impl Out {
+    fn family(&mut self, name: &str, kind: &str, text: &str) {
+        let _ = writeln!(self.0, "# HELP {name} {}", help(text));
+        let _ = writeln!(self.0, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: String) {
+        self.0.push_str(name);
+        if !labels.is_empty() {
+            let l: Vec<String> = labels
+                .iter()
+                .map(|(k, v)| format!("{k}=\"{}\"", label_value(v)))
+                .collect();
+            let _ = write!(self.0, "{{{}}}", l.join(","));
+        }
+        let _ = writeln!(self.0, " {value}");
+    }
+
+    fn gauge(&mut self, name: &str, text: &str, value: f64) {
+        self.family(name, "gauge", text);
+        self.sample(name, &[], float(value));
+    }
+}
+
+impl Report {
+    pub fn to_prometheus(&self) -> String {
+        let mut o = Out(String::new());
+        for (k, v) in self.counters.iter() {
+            let name = format!("flashtier_{}_total", metric_name(k));
+            o.family(
+                &name,
+                "counter",
+                &format!("flashtier counter {k}, since the server started or the last reset-stats"),
+            );
+            o.sample(&name, &[], v.to_string());
+        }
+
+        let s = &self.status;
+        o.family(
+            "flashtier_info",
+            "gauge",
+            "The exported device and cache mode (value always 1)",
+        );
+        o.sample(
+            "flashtier_info",
+            &[
+                ("device", &s.device),
+                ("mode", s.mode.as_deref().unwrap_or("none")),
+            ],
+            "1".into(),
+        );
+        o.gauge(
+            "flashtier_healthy",
+            &format!("1 if health is ok, else 0 (health: {})", s.health),
+            if s.health == "ok" { 1.0 } else { 0.0 },
+        );
+        o.gauge(
+            "flashtier_uptime_seconds",
+            "Seconds since the server started",
+            s.uptime_secs as f64,
+        );
+        o.gauge(
+            "flashtier_size_bytes",
+            "Size of the exported device",
+            s.size_bytes as f64,
+        );
+        if let Some(c) = &s.cache_status {
+            let bs = c.block_size as f64;
+            for (name, text, v) in [
+                (
+                    "capacity_bytes",
+                    "Data capacity of the cache",
+                    c.capacity_blocks as f64 * bs,
+                ),
+                (
+                    "cached_blocks",
+                    "Blocks in the cache",
+                    c.cached_blocks as f64,
+                ),
+                (
+                    "dirty_blocks",
+                    "Blocks in the cache not yet written back",
+                    c.dirty_blocks as f64,
+                ),
+                (
+                    "dirty_bytes",
+                    "Bytes in the cache not yet written back",
+                    c.dirty_bytes as f64,
+                ),
+                (
+                    "used_ratio",
+                    "Cached blocks over capacity (0..1)",
+                    c.used_pct / 100.0,
+                ),
+                (
+                    "free_segments",
+                    "Empty segments on the cache device",
+                    c.free_segments as f64,
+                ),
+                (
+                    "index_bytes",
+                    "RAM used by the cache index",
+                    c.index_bytes as f64,
+                ),
+            ] {
+                o.gauge(&format!("flashtier_{name}"), text, v);
+            }
+        }
+        for (name, text, v) in [
+            (
+                "read_hit_ratio",
+                "Read blocks found in the cache (0..1), since start or reset",
+                self.derived.read_hit_pct,
+            ),
+            (
+                "write_hit_ratio",
+                "Written blocks that replaced a cached version (0..1), since start or reset",
+                self.derived.write_hit_pct,
+            ),
+        ] {
+            if let Some(v) = v {
+                o.gauge(&format!("flashtier_{name}"), text, v / 100.0);
+            }
+        }
+        if let Some(j) = &self.job {
+            o.gauge(
+                "flashtier_mode_switch_running",
+                &format!("1 while a mode switch runs ({})", j.what),
+                if j.done { 0.0 } else { 1.0 },
+            );
+            o.gauge(
+                "flashtier_mode_switch_dirty_blocks_left",
+                "Dirty blocks the mode switch still has to write back",
+                j.dirty_blocks_left as f64,
+            );
+        }
+
+        let name = "flashtier_latency_seconds";
+        o.family(
+            name,
+            "summary",
+            "Request latency as NBD clients see it, per operation, since start or reset",
+        );
+        for (op, l) in self.latency.iter() {
+            for (q, v) in [("0.5", l.p50_us), ("0.99", l.p99_us), ("0.999", l.p999_us)] {
+                o.sample(name, &[("op", op), ("quantile", q)], float(v / 1e6));
+            }
+            o.sample(&format!("{name}_sum"), &[("op", op)], float(l.sum_us / 1e6));
+            o.sample(&format!("{name}_count"), &[("op", op)], l.count.to_string());
+        }
+        let name = "flashtier_latency_max_seconds";
+        o.family(
+            name,
+            "gauge",
+            "Slowest request per operation, since start or reset",
+        );
+        for (op, l) in self.latency.iter() {
+            o.sample(name, &[("op", op)], float(l.max_us / 1e6));
+        }
+
+        let w = &self.wear;
+        o.gauge(
+            "flashtier_wear_cache_bytes_written",
+            "Bytes this server wrote to the cache device since it started",
+            w.cache_bytes_written as f64,
+        );
+        if let Some(v) = w.bytes_per_day {
+            o.gauge(
+                "flashtier_wear_bytes_per_day",
+                "Recent write rate to the cache device, per day",
+                v,
+            );
+        }
+        if let Some(v) = w.days_to_rated_tbw {
+            o.gauge(
+                "flashtier_wear_days_to_rated_tbw",
+                "Days until the cache device's rated TBW at the recent write rate",
+                v,
+            );
+        }
+
+        if !self.params.0.is_empty() {
+            let name = "flashtier_param";
+            o.family(
+                name,
+                "gauge",
+                "Live parameters (value always 1; see the labels)",
+            );
+            for (k, v) in self.params.iter() {
+                o.sample(name, &[("name", k), ("value", v)], "1".into());
+            }
+        }
+        o.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::tests::cached;
+    use flashtier_io::BlockDev;
+
+    #[test]
+    fn names_and_escapes() {
+        assert_eq!(metric_name("9a-b.c"), "_a_b_c");
+        assert_eq!(label_value("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+        assert_eq!(float(f64::INFINITY), "+Inf");
+    }
+
+    /// Every line is a comment or `name{labels} value` with a parsable value, every sample
+    /// belongs to a family declared just before it, and counters end in `_total`.
+    #[test]
+    fn exposition_is_well_formed() {
+        let (c, dev) = cached(None);
+        dev.write_at(&[1u8; 4096], 0, false).unwrap();
+        let text = c.report().to_prometheus();
+        let mut family = String::new();
+        let mut kind = String::new();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let mut it = rest.split(' ');
+                family = it.next().unwrap().to_string();
+                kind = it.next().unwrap().to_string();
+                continue;
+            }
+            if line.starts_with("# HELP ") {
+                continue;
+            }
+            let (name_labels, value) = line.rsplit_once(' ').unwrap();
+            let name = name_labels.split('{').next().unwrap();
+            assert!(name.starts_with(&family), "{line} outside {family}");
+            assert!(value.parse::<f64>().is_ok() || value == "+Inf", "{line}");
+            if kind == "counter" {
+                assert!(name.ends_with("_total"), "{line}");
+            }
+        }
+        assert!(text.contains("flashtier_writes_total 1\n"), "{text}");
+        assert!(text.contains("flashtier_latency_seconds_count{op=\"write\"} 1\n"));
+        assert!(text.contains("flashtier_param{name=\"promotion\",value=\"always\"} 1\n"));
+    }
+}

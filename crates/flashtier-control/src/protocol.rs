@@ -1,0 +1,103 @@
+//! The control protocol: one JSON object per line each way over a unix socket.
+//!
+//! Requests: `{"op":"report"}`, `{"op":"get","name":N}`, `{"op":"set","name":N,"value":V,
+//! "persist":bool}`, `{"op":"params"}`, `{"op":"mode","mode":M}`, `{"op":"reset_stats"}`.
+//! Responses: `{"ok":true,"result":...}` or `{"ok":false,"error":"message"}`. Line-delimited
+//! JSON keeps the protocol usable by hand (`socat - UNIX:control.sock`) and from any language.
+
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// One request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// The full [`crate::Report`].
+    Report,
+    /// `{"name", "value"}` of a parameter or `mode`.
+    Get { name: String },
+    /// Sets a parameter live (for `mode`, starts the switch); `{"name", "value"}` as stored.
+    Set {
+        name: String,
+        /// A string; numbers and booleans are accepted too and taken as written.
+        #[serde(deserialize_with = "scalar")]
+        value: String,
+        #[serde(default)]
+        persist: bool,
+    },
+    /// Every parameter as [`crate::ParamRow`]s.
+    Params,
+    /// Starts a mode switch in the background: `{"mode"}`; progress is the report's `job`.
+    Mode { mode: String },
+    /// Restarts counters, windows and latencies from zero: `null`.
+    ResetStats,
+}
+
+fn scalar<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    match serde_json::Value::deserialize(d)? {
+        serde_json::Value::String(s) => Ok(s),
+        v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_)) => Ok(v.to_string()),
+        _ => Err(serde::de::Error::custom(
+            "value must be a string or a number",
+        )),
+    }
+}
+
+/// One response.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Response {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Response {
+    pub fn ok(result: serde_json::Value) -> Response {
+        Response {
+            ok: true,
+            result: Some(result),
+            error: None,
+        }
+    }
+
+    pub fn error(message: impl Into<String>) -> Response {
+        Response {
+            ok: false,
+            result: None,
+            error: Some(message.into()),
+        }
+    }
+}
+
+/// The `result` of `get` and `set`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NameValue {
+    pub name: String,
+    pub value: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse_as_documented() {
+        let r: Request =
+            serde_json::from_str(r#"{"op":"set","name":"promotion_nhit","value":3}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::Set {
+                name: "promotion_nhit".into(),
+                value: "3".into(),
+                persist: false
+            }
+        );
+        let r: Request = serde_json::from_str(r#"{"op":"reset_stats"}"#).unwrap();
+        assert_eq!(r, Request::ResetStats);
+        assert!(serde_json::from_str::<Request>(r#"{"op":"explode"}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"op":"get"}"#).is_err());
+        let line = serde_json::to_string(&Request::Mode { mode: "wt".into() }).unwrap();
+        assert_eq!(line, r#"{"op":"mode","mode":"wt"}"#);
+    }
+}

@@ -1,0 +1,384 @@
+//! Human renderings of a [`Report`]: `flashtier status`, the `flashtier stats` table, and the
+//! `name value` stats file.
+
+use std::fmt::Write as _;
+
+use crate::report::{read_hit_pct, write_hit_pct, LatencyReport, Ordered, Report};
+
+/// `1.50 GiB`, `512 B`.
+pub fn fmt_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    let mut unit = 0;
+    while v >= 1024.0 && unit < UNITS.len() - 1 {
+        v /= 1024.0;
+        unit += 1;
+    }
+    format!("{v:.2} {}", UNITS[unit])
+}
+
+/// `3d 04h`, `1h 02m`, `5m 07s`, `12s`.
+pub fn fmt_duration(secs: u64) -> String {
+    let (d, h, m, s) = (secs / 86_400, secs / 3600 % 24, secs / 60 % 60, secs % 60);
+    match () {
+        _ if d > 0 => format!("{d}d {h:02}h"),
+        _ if h > 0 => format!("{h}h {m:02}m"),
+        _ if m > 0 => format!("{m}m {s:02}s"),
+        _ => format!("{s}s"),
+    }
+}
+
+/// Microseconds as `850 µs`, `1.20 ms`, `2.50 s`.
+pub fn fmt_us(us: f64) -> String {
+    if us < 1000.0 {
+        format!("{us:.1} µs")
+    } else if us < 1e6 {
+        format!("{:.2} ms", us / 1e3)
+    } else {
+        format!("{:.2} s", us / 1e6)
+    }
+}
+
+fn fmt_pct(p: Option<f64>) -> String {
+    p.map_or_else(|| "-".to_string(), |p| format!("{p:.1}%"))
+}
+
+/// A counter's value as a person reads it: bytes in binary units, the rest as plain numbers.
+fn fmt_counter(name: &str, v: u64) -> String {
+    if name.ends_with("_bytes") {
+        fmt_bytes(v)
+    } else {
+        v.to_string()
+    }
+}
+
+/// Left-aligned first column, the others right-aligned (numbers) or left-aligned (text),
+/// widths from the content.
+fn table(rows: &[Vec<String>], right: bool) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let width: Vec<usize> = (0..cols)
+        .map(|i| {
+            rows.iter()
+                .filter_map(|r| r.get(i))
+                .map(|c| c.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for r in rows {
+        let mut line = String::new();
+        for (i, cell) in r.iter().enumerate() {
+            let pad = width[i] - cell.chars().count();
+            if i == 0 || !right {
+                if i > 0 {
+                    line.push_str("   ");
+                }
+                line.push_str(cell);
+                line.push_str(&" ".repeat(pad));
+            } else {
+                line.push_str(&" ".repeat(pad + 3));
+                line.push_str(cell);
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+impl Report {
+    /// `flashtier status`: what is served, how full, how healthy, what is in progress.
+    pub fn render_status(&self) -> String {
+        let s = &self.status;
+        let mut rows = vec![
+            vec!["device".into(), s.device.clone()],
+            vec!["size".into(), fmt_bytes(s.size_bytes)],
+            vec![
+                "mode".into(),
+                s.mode
+                    .clone()
+                    .unwrap_or_else(|| "no cache (pass-through)".into()),
+            ],
+            vec!["health".into(), s.health.clone()],
+            vec!["uptime".into(), fmt_duration(s.uptime_secs)],
+        ];
+        if let Some(c) = &s.cache_status {
+            let bs = c.block_size as u64;
+            rows.extend([
+                vec![
+                    "cache".into(),
+                    format!(
+                        "{} of {} used ({:.1}%, {} of {} blocks of {})",
+                        fmt_bytes(c.cached_blocks * bs),
+                        fmt_bytes(c.capacity_blocks * bs),
+                        c.used_pct,
+                        c.cached_blocks,
+                        c.capacity_blocks,
+                        fmt_bytes(bs)
+                    ),
+                ],
+                vec![
+                    "dirty".into(),
+                    format!("{} ({} blocks)", fmt_bytes(c.dirty_bytes), c.dirty_blocks),
+                ],
+                vec![
+                    "segments".into(),
+                    format!(
+                        "{} free of {} ({} each)",
+                        c.free_segments,
+                        c.segments,
+                        fmt_bytes(c.segment_size as u64)
+                    ),
+                ],
+                vec!["reclaim".into(), c.reclaim_policy.clone()],
+                vec!["index RAM".into(), fmt_bytes(c.index_bytes)],
+                vec![
+                    "atomic writes".into(),
+                    format!("up to {}", fmt_bytes(c.atomic_write_bytes as u64)),
+                ],
+            ]);
+        }
+        rows.push(vec!["in progress".into(), self.render_job()]);
+        table(&rows, false)
+    }
+
+    /// One line about the mode switch, running or last.
+    pub fn render_job(&self) -> String {
+        let Some(j) = &self.job else {
+            return "nothing".into();
+        };
+        match (j.done, &j.error) {
+            (false, _) => format!(
+                "{}: {} dirty blocks left to write back (of {}), {:.1} s so far",
+                j.what, j.dirty_blocks_left, j.dirty_blocks_at_start, j.elapsed_secs
+            ),
+            (true, None) => format!(
+                "nothing (last: {}, done in {:.1} s)",
+                j.what, j.elapsed_secs
+            ),
+            (true, Some(e)) => format!("nothing (last: {} FAILED: {e})", j.what),
+        }
+    }
+
+    /// `flashtier stats`: counters with total and window columns, hit rates, latencies, wear.
+    pub fn render_table(&self) -> String {
+        let mut out = String::new();
+        let total_secs = self.window_secs.get("total").copied().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "{} | {} | health {} | counting for {} (since start or reset-stats)\n",
+            self.status.device,
+            self.status.mode.as_deref().unwrap_or("pass-through"),
+            self.status.health,
+            fmt_duration(total_secs),
+        );
+        // Columns: total first, then the windows shortest first.
+        let mut columns: Vec<(&str, &Ordered<u64>)> = Vec::new();
+        if let Some(t) = self.windows.get("total") {
+            columns.push(("total", t));
+        }
+        for (name, w) in self.windows.iter().filter(|(n, _)| *n != "total") {
+            columns.push((name, w));
+        }
+        let mut header = vec!["counter".to_string()];
+        header.extend(columns.iter().map(|(n, _)| n.to_string()));
+        let mut rows = vec![header];
+        for (name, _) in self.counters.iter() {
+            let mut row = vec![name.to_string()];
+            row.extend(
+                columns
+                    .iter()
+                    .map(|(_, w)| fmt_counter(name, w.get(name).copied().unwrap_or(0))),
+            );
+            rows.push(row);
+        }
+        if self.status.cache {
+            for (label, f) in [
+                (
+                    "read hit %",
+                    read_hit_pct as fn(&Ordered<u64>) -> Option<f64>,
+                ),
+                ("write hit %", write_hit_pct),
+            ] {
+                let mut row = vec![label.to_string()];
+                row.extend(columns.iter().map(|(_, w)| fmt_pct(f(w))));
+                rows.push(row);
+            }
+        }
+        out.push_str(&table(&rows, true));
+
+        let mut rows = vec![vec![
+            "latency".to_string(),
+            "count".into(),
+            "p50".into(),
+            "p99".into(),
+            "p99.9".into(),
+            "max".into(),
+        ]];
+        for (op, l) in self.latency.iter() {
+            let LatencyReport {
+                count,
+                p50_us,
+                p99_us,
+                p999_us,
+                max_us,
+                ..
+            } = l;
+            let cells = if *count == 0 {
+                vec!["-".to_string(); 4]
+            } else {
+                [p50_us, p99_us, p999_us, max_us]
+                    .iter()
+                    .map(|v| fmt_us(**v))
+                    .collect()
+            };
+            let mut row = vec![op.to_string(), count.to_string()];
+            row.extend(cells);
+            rows.push(row);
+        }
+        out.push('\n');
+        out.push_str(&table(&rows, true));
+        out.push('\n');
+        out.push_str(&self.render_wear());
+        out.push('\n');
+        out
+    }
+
+    /// One line: bytes written to the cache device, the rate and the forecast.
+    pub fn render_wear(&self) -> String {
+        let w = &self.wear;
+        if !self.status.cache {
+            return "wear: no cache device".into();
+        }
+        let mut s = format!(
+            "wear: {} written to the cache device by this server since it started",
+            fmt_bytes(w.cache_bytes_written)
+        );
+        if let Some(rate) = w.bytes_per_day {
+            let _ = write!(s, ", {}/day lately", fmt_bytes(rate as u64));
+        }
+        match (w.endurance_tbw, w.days_to_rated_tbw) {
+            (Some(tbw), Some(days)) => {
+                let _ = write!(
+                    s,
+                    "; rated {tbw} TBW reached in {days:.0} days ({:.1} years) at this rate",
+                    days / 365.25
+                );
+            }
+            (Some(tbw), None) => {
+                let _ = write!(s, "; rated {tbw} TBW (forecast after a minute of writes)");
+            }
+            (None, _) => s.push_str(" (give --endurance-tbw for a forecast)"),
+        }
+        s
+    }
+
+    /// The stats file: `name value` per line, every counter first (the same numbers as
+    /// `counters` in the JSON), then the status, derived figures, latencies and wear.
+    pub fn to_stats_text(&self) -> String {
+        let mut out = String::new();
+        let mut line = |k: &str, v: &dyn std::fmt::Display| {
+            let _ = writeln!(out, "{k} {v}");
+        };
+        for (k, v) in self.counters.iter() {
+            line(k, v);
+        }
+        let s = &self.status;
+        line("mode", &s.mode.as_deref().unwrap_or("none"));
+        line("health", &s.health);
+        line("uptime_secs", &s.uptime_secs);
+        line("size_bytes", &s.size_bytes);
+        if let Some(c) = &s.cache_status {
+            line("block_size", &c.block_size);
+            line("capacity_blocks", &c.capacity_blocks);
+            line("cached_blocks", &c.cached_blocks);
+            line("dirty_blocks", &c.dirty_blocks);
+            line("dirty_bytes", &c.dirty_bytes);
+            line("used_pct", &format!("{:.2}", c.used_pct));
+            line("free_segments", &c.free_segments);
+        }
+        let opt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
+        line("read_hit_pct", &opt(self.derived.read_hit_pct));
+        line("write_hit_pct", &opt(self.derived.write_hit_pct));
+        for (op, l) in self.latency.iter() {
+            line(&format!("latency_{op}_count"), &l.count);
+            line(&format!("latency_{op}_p50_us"), &format!("{:.1}", l.p50_us));
+            line(&format!("latency_{op}_p99_us"), &format!("{:.1}", l.p99_us));
+            line(
+                &format!("latency_{op}_p999_us"),
+                &format!("{:.1}", l.p999_us),
+            );
+            line(&format!("latency_{op}_max_us"), &format!("{:.1}", l.max_us));
+        }
+        let w = &self.wear;
+        line("wear_cache_bytes_written", &w.cache_bytes_written);
+        line("wear_bytes_per_day", &opt(w.bytes_per_day));
+        line("wear_endurance_tbw", &opt(w.endurance_tbw));
+        line("wear_days_to_rated_tbw", &opt(w.days_to_rated_tbw));
+        if let Some(j) = &self.job {
+            line("job", &j.what);
+            line("job_done", &j.done);
+            line("job_dirty_blocks_left", &j.dirty_blocks_left);
+            if let Some(e) = &j.error {
+                line("job_error", e);
+            }
+        }
+        line("generated_unix_ms", &self.generated_unix_ms);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::tests::{cached, passthrough};
+    use flashtier_io::BlockDev;
+
+    #[test]
+    fn formats() {
+        assert_eq!(fmt_bytes(512), "512 B");
+        assert_eq!(fmt_bytes(1536), "1.50 KiB");
+        assert_eq!(fmt_duration(3725), "1h 02m");
+        assert_eq!(fmt_duration(7), "7s");
+        assert_eq!(fmt_us(850.0), "850.0 µs");
+        assert_eq!(fmt_us(1200.0), "1.20 ms");
+        let rows = [
+            vec!["a".into(), "1".into()],
+            vec!["long".into(), "100".into()],
+        ];
+        assert_eq!(table(&rows, true), "a        1\nlong   100\n");
+        assert_eq!(table(&rows, false), "a      1\nlong   100\n");
+    }
+
+    #[test]
+    fn renderings_show_every_counter() {
+        let (c, dev) = cached(None);
+        dev.write_at(&[1u8; 4096], 0, false).unwrap();
+        let r = c.report();
+        let table = r.render_table();
+        let text = r.to_stats_text();
+        for (k, v) in r.counters.iter() {
+            assert!(table.contains(k), "{k} missing from the table");
+            assert!(
+                text.contains(&format!("\n{k} {v}\n")) || text.starts_with(&format!("{k} {v}\n"))
+            );
+        }
+        for what in ["5min", "hour", "day", "read hit %", "p99.9", "wear:"] {
+            assert!(table.contains(what), "{what} missing:\n{table}");
+        }
+        let status = r.render_status();
+        assert!(
+            status.contains("writeback") && status.contains("health"),
+            "{status}"
+        );
+        assert!(status.contains("nothing"), "{status}");
+
+        let r = passthrough().0.report();
+        assert!(r.render_status().contains("no cache"));
+        assert!(!r.render_table().contains("hit %"));
+    }
+}

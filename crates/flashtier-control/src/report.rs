@@ -1,0 +1,244 @@
+//! [`Report`]: everything the control plane knows at one moment, as one serde value.
+//!
+//! `flashtier stats --json`, the stats file's `.json`, the stats text file, the tables and the
+//! Prometheus output are all renderings of this one object, so they cannot disagree. Top-level
+//! keys (a contract with scripts and tests): `status`, `job`, `counters`, `derived`, `windows`,
+//! `window_secs`, `latency`, `wear`, `params`, `generated_unix_ms`.
+//!
+//! Maps keep their order (engine counters in the engine's order, windows shortest first), so
+//! JSON read by a person and tables read the same way.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::{MapAccess, Visitor};
+use serde::ser::SerializeMap;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A JSON object whose keys keep their order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ordered<V>(pub Vec<(String, V)>);
+
+impl<V> Default for Ordered<V> {
+    fn default() -> Self {
+        Ordered(Vec::new())
+    }
+}
+
+impl<V> Ordered<V> {
+    pub fn get(&self, key: &str) -> Option<&V> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &V)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v))
+    }
+}
+
+impl<V, K: Into<String>> FromIterator<(K, V)> for Ordered<V> {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
+        Ordered(iter.into_iter().map(|(k, v)| (k.into(), v)).collect())
+    }
+}
+
+impl<V: Serialize> Serialize for Ordered<V> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut m = s.serialize_map(Some(self.0.len()))?;
+        for (k, v) in &self.0 {
+            m.serialize_entry(k, v)?;
+        }
+        m.end()
+    }
+}
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for Ordered<V> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V_<V>(PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> Visitor<'de> for V_<V> {
+            type Value = Ordered<V>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a map")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Self::Value, A::Error> {
+                let mut out = Vec::with_capacity(a.size_hint().unwrap_or(0));
+                while let Some(entry) = a.next_entry()? {
+                    out.push(entry);
+                }
+                Ok(Ordered(out))
+            }
+        }
+        d.deserialize_map(V_(PhantomData))
+    }
+}
+
+/// The whole report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub status: StatusReport,
+    /// The mode switch in progress, or the last one (until the next starts).
+    pub job: Option<JobReport>,
+    /// Every counter since the server started or the last `reset-stats`.
+    pub counters: Ordered<u64>,
+    /// Figures computed from the counters and the status.
+    pub derived: Derived,
+    /// `5min`, `hour`, `day`, `total` -> counter deltas over that window.
+    pub windows: Ordered<Ordered<u64>>,
+    /// How many seconds each window really covers (less than its length early on).
+    pub window_secs: Ordered<u64>,
+    /// Operation (`read`, `write`, `flush`, `trim`, `write_zeroes`) -> latency since the start or
+    /// the last reset, as the NBD clients see it.
+    pub latency: Ordered<LatencyReport>,
+    pub wear: Wear,
+    /// Every live parameter -> its current value (empty without a cache).
+    pub params: Ordered<String>,
+    /// When the report was made (wall clock), to match the stats file with its JSON.
+    pub generated_unix_ms: u64,
+}
+
+/// What is served and how it is doing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusReport {
+    /// The exported device, e.g. `flashtier cache over file /srv/disk.img`.
+    pub device: String,
+    pub size_bytes: u64,
+    /// Whether there is a cache (false: the backing store is served as is).
+    pub cache: bool,
+    /// The cache mode; null without a cache.
+    pub mode: Option<String>,
+    /// `ok`, or what failed.
+    pub health: String,
+    pub uptime_secs: u64,
+    /// The cache's figures; absent without a cache.
+    #[serde(flatten)]
+    pub cache_status: Option<CacheStatus>,
+}
+
+/// The cache's sizes and occupancy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CacheStatus {
+    pub block_size: u32,
+    pub capacity_blocks: u64,
+    pub cached_blocks: u64,
+    pub dirty_blocks: u64,
+    pub dirty_bytes: u64,
+    /// Cached blocks as a percentage of the capacity.
+    pub used_pct: f64,
+    pub segments: u32,
+    pub free_segments: u64,
+    pub segment_size: u32,
+    /// RAM used by the index.
+    pub index_bytes: u64,
+    /// Largest write that is all-or-nothing after a crash.
+    pub atomic_write_bytes: u32,
+    pub reclaim_policy: String,
+}
+
+/// A mode switch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobReport {
+    /// e.g. `mode writeback -> writethrough`.
+    pub what: String,
+    pub from: String,
+    pub to: String,
+    pub done: bool,
+    /// Why it failed (then `done` is true and the mode is unchanged).
+    pub error: Option<String>,
+    /// Dirty blocks still to write back (the progress of leaving write-back). While the switch
+    /// runs this is an estimate: dirty blocks less what was written to the backing store since
+    /// it started (the engine marks blocks clean only at the end of each write-back pass).
+    pub dirty_blocks_left: u64,
+    pub dirty_blocks_at_start: u64,
+    pub elapsed_secs: f64,
+}
+
+/// Figures derived from the counters since the start or the last reset.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Derived {
+    /// Read blocks found in the cache, percent (null before any read).
+    pub read_hit_pct: Option<f64>,
+    /// Written blocks that replaced a cached version, percent (null before any write).
+    pub write_hit_pct: Option<f64>,
+    pub dirty_bytes: Option<u64>,
+    pub used_pct: Option<f64>,
+}
+
+/// Latency of one operation, in microseconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LatencyReport {
+    pub count: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    pub max_us: f64,
+    pub sum_us: f64,
+}
+
+/// Flash wear: what this server wrote to the cache device.
+///
+/// Counts only the writes of this flashtier process since it started (log, checkpoints,
+/// superblocks); the device's own lifetime total (SMART "Data Units Written") is not known
+/// here, so the forecast is for a device that had this rate all its life from now on, minus
+/// what this process wrote.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Wear {
+    /// Bytes written to the cache device since this server started (reset-stats does not clear it).
+    pub cache_bytes_written: u64,
+    /// The write rate over the last day (or what there is of it), per day; null during the
+    /// first minute. Not restarted by reset-stats.
+    pub bytes_per_day: Option<f64>,
+    /// The device's rated endurance in TB written (`--endurance-tbw`), if given.
+    pub endurance_tbw: Option<f64>,
+    /// Days until the rated TBW at `bytes_per_day`; null without a rating or without writes.
+    pub days_to_rated_tbw: Option<f64>,
+}
+
+/// Read hit percent of a set of counters: hit blocks over hit + missed blocks.
+pub fn read_hit_pct(counters: &Ordered<u64>) -> Option<f64> {
+    pct(
+        counters.get("read_hit_blocks")?,
+        counters.get("read_hit_blocks")? + counters.get("read_miss_blocks")?,
+    )
+}
+
+/// Write hit percent: written blocks that replaced a cached version over written blocks.
+pub fn write_hit_pct(counters: &Ordered<u64>) -> Option<f64> {
+    pct(
+        counters.get("write_hit_blocks")?,
+        *counters.get("write_blocks")?,
+    )
+}
+
+fn pct(part: &u64, whole: u64) -> Option<f64> {
+    (whole > 0).then(|| *part as f64 * 100.0 / whole as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ordered_maps_keep_their_order_through_json() {
+        let m: Ordered<u64> = [("zeta", 1), ("alpha", 2), ("mid", 3)]
+            .into_iter()
+            .collect();
+        let s = serde_json::to_string(&m).unwrap();
+        assert_eq!(s, r#"{"zeta":1,"alpha":2,"mid":3}"#);
+        let back: Ordered<u64> = serde_json::from_str(&s).unwrap();
+        assert_eq!(back, m);
+    }
+
+    #[test]
+    fn hit_percentages() {
+        let c: Ordered<u64> = [
+            ("read_hit_blocks", 3),
+            ("read_miss_blocks", 1),
+            ("write_blocks", 0),
+            ("write_hit_blocks", 0),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(read_hit_pct(&c), Some(75.0));
+        assert_eq!(write_hit_pct(&c), None);
+        assert_eq!(read_hit_pct(&Ordered::default()), None);
+    }
+}

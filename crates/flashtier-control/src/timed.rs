@@ -1,0 +1,209 @@
+//! [`Timed`]: a `BlockDev` that measures whatever it wraps, as the NBD clients see it.
+//!
+//! `serve` wraps the exported device (the cache, or the backing store in pass-through), so the
+//! latencies are end to end below the protocol: cache hits, misses, FLUSH group commits, all of
+//! it, and the pass-through export gets the same figures for comparison. Alongside each
+//! operation's histogram it counts the bytes moved and the errors returned, the client-side
+//! counters that exist whether or not there is a cache.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use flashtier_io::{BlockDev, DevInfo, Extent, ZeroOpts};
+
+use crate::histogram::{HistSnapshot, Histogram};
+
+/// The operations timed, in report order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    Read,
+    Write,
+    Flush,
+    Trim,
+    WriteZeroes,
+}
+
+impl Op {
+    pub const ALL: [Op; 5] = [Op::Read, Op::Write, Op::Flush, Op::Trim, Op::WriteZeroes];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Read => "read",
+            Op::Write => "write",
+            Op::Flush => "flush",
+            Op::Trim => "trim",
+            Op::WriteZeroes => "write_zeroes",
+        }
+    }
+}
+
+/// Per-operation histogram (nanoseconds), bytes and errors.
+#[derive(Default)]
+struct OpStats {
+    latency_ns: Histogram,
+    bytes: AtomicU64,
+    errors: AtomicU64,
+}
+
+/// The measurements of one [`Timed`] device; shared with the control layer.
+#[derive(Default)]
+pub struct Latencies {
+    ops: [OpStats; 5],
+}
+
+impl Latencies {
+    fn record(&self, op: Op, start: Instant, bytes: u64, ok: bool) {
+        let s = &self.ops[op as usize];
+        s.latency_ns.record(start.elapsed().as_nanos() as u64);
+        if ok {
+            s.bytes.fetch_add(bytes, Ordering::Relaxed);
+        } else {
+            s.errors.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The latency histogram of `op` so far.
+    pub fn histogram(&self, op: Op) -> HistSnapshot {
+        self.ops[op as usize].latency_ns.snapshot()
+    }
+
+    /// Client-side counters, monotonic: `client_<op>s` (requests), `client_<op>_bytes` (bytes
+    /// moved by the ones that succeeded; not for flush) and `client_errors` (failed requests).
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        const NAMES: [(&str, &str); 5] = [
+            ("client_reads", "client_read_bytes"),
+            ("client_writes", "client_write_bytes"),
+            ("client_flushes", ""),
+            ("client_trims", "client_trim_bytes"),
+            ("client_write_zeroes", "client_write_zeroes_bytes"),
+        ];
+        let mut out = Vec::with_capacity(10);
+        let mut errors = 0;
+        for (op, (count_name, bytes_name)) in Op::ALL.into_iter().zip(NAMES) {
+            let s = &self.ops[op as usize];
+            out.push((count_name, s.latency_ns.snapshot().count));
+            if !bytes_name.is_empty() {
+                out.push((bytes_name, s.bytes.load(Ordering::Relaxed)));
+            }
+            errors += s.errors.load(Ordering::Relaxed);
+        }
+        out.push(("client_errors", errors));
+        out
+    }
+}
+
+/// Wraps a device and records every request's latency into [`Latencies`].
+pub struct Timed {
+    inner: Arc<dyn BlockDev>,
+    lat: Arc<Latencies>,
+}
+
+impl Timed {
+    pub fn new(inner: Arc<dyn BlockDev>) -> Timed {
+        Timed {
+            inner,
+            lat: Arc::default(),
+        }
+    }
+
+    pub fn latencies(&self) -> Arc<Latencies> {
+        self.lat.clone()
+    }
+
+    fn timed<T>(&self, op: Op, bytes: u64, f: impl FnOnce() -> io::Result<T>) -> io::Result<T> {
+        let start = Instant::now();
+        let r = f();
+        self.lat.record(op, start, bytes, r.is_ok());
+        r
+    }
+}
+
+impl BlockDev for Timed {
+    fn info(&self) -> &DevInfo {
+        self.inner.info()
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let n = buf.len() as u64;
+        self.timed(Op::Read, n, || self.inner.read_at(buf, offset))
+    }
+
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+        self.timed(Op::Write, buf.len() as u64, || {
+            self.inner.write_at(buf, offset, fua)
+        })
+    }
+
+    fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
+        let n = bufs.iter().map(|b| b.len() as u64).sum();
+        self.timed(Op::Write, n, || self.inner.write_vectored_at(bufs, offset))
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.timed(Op::Flush, 0, || self.inner.flush())
+    }
+
+    fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.timed(Op::Trim, len, || self.inner.trim(offset, len))
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64, opts: ZeroOpts) -> io::Result<()> {
+        self.timed(Op::WriteZeroes, len, || {
+            self.inner.write_zeroes(offset, len, opts)
+        })
+    }
+
+    fn prefetch(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.inner.prefetch(offset, len)
+    }
+
+    fn extents(
+        &self,
+        offset: u64,
+        len: u64,
+        max_extents: usize,
+        out: &mut Vec<Extent>,
+    ) -> io::Result<()> {
+        self.inner.extents(offset, len, max_extents, out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flashtier_io::MemDev;
+
+    #[test]
+    fn every_operation_is_counted_with_its_bytes_and_errors() {
+        let t = Timed::new(Arc::new(MemDev::new(1 << 20)));
+        let mut buf = vec![0u8; 4096];
+        t.read_at(&mut buf, 0).unwrap();
+        t.write_at(&buf, 4096, false).unwrap();
+        t.write_vectored_at(&[&buf, &buf], 8192).unwrap();
+        t.flush().unwrap();
+        t.trim(0, 8192).unwrap();
+        t.write_zeroes(0, 512, ZeroOpts::default()).unwrap();
+        assert!(t.read_at(&mut buf, 1 << 20).is_err(), "out of range");
+        let lat = t.latencies();
+        let c: std::collections::HashMap<_, _> = lat.counters().into_iter().collect();
+        assert_eq!(c["client_reads"], 2);
+        assert_eq!(c["client_read_bytes"], 4096);
+        assert_eq!(c["client_writes"], 2);
+        assert_eq!(c["client_write_bytes"], 3 * 4096);
+        assert_eq!(c["client_flushes"], 1);
+        assert_eq!(c["client_trims"], 1);
+        assert_eq!(c["client_trim_bytes"], 8192);
+        assert_eq!(c["client_write_zeroes"], 1);
+        assert_eq!(c["client_write_zeroes_bytes"], 512);
+        assert_eq!(c["client_errors"], 1);
+        for op in Op::ALL {
+            assert!(lat.histogram(op).count >= 1, "{}", op.name());
+        }
+    }
+}

@@ -1,0 +1,1000 @@
+//! Operating a running server from the command line: `status`, `stats` (table, `--json`,
+//! `--watch`), `get`/`set` (validation, live effect, `--persist` into the config file and a
+//! restart reading it), `mode` (writing dirty data back with progress), `reset-stats`, the stats
+//! file and its JSON, Prometheus metrics read by the reference Python parser, `config check`,
+//! and the error when no server answers.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use flashtier_control::config::SERVE_KEYS;
+use flashtier_engine::PARAMS;
+use serde_json::Value;
+
+use crate::harness::*;
+
+const MIB: u64 = 1 << 20;
+/// The backing store's size.
+const BACKING: u64 = 64 * MIB;
+
+/// A scratch directory with a 64 MiB backing file of random data and a 96 MiB cache for it.
+struct Setup {
+    dir: Scratch,
+    backing: PathBuf,
+    cache: PathBuf,
+    control: PathBuf,
+    stats_file: PathBuf,
+}
+
+impl Setup {
+    fn new() -> Setup {
+        let dir = Scratch::new();
+        let backing = dir.path().join("backing");
+        let cache = dir.path().join("cache");
+        random_file(&backing, BACKING as usize, 11);
+        let out = flashtier(&[
+            "format",
+            "--cache",
+            path_str(&cache),
+            "--backing",
+            path_str(&backing),
+            "--size",
+            "96M",
+            "--segment-size",
+            "1M",
+        ]);
+        assert!(out.status.success(), "format failed:\n{}", text(&out));
+        Setup {
+            control: dir.path().join("control.sock"),
+            stats_file: dir.path().join("stats"),
+            backing,
+            cache,
+            dir,
+        }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `flashtier serve` with the cache, the control socket and the stats file in the scratch
+    /// directory (never the shared defaults under the run directory), and `extra` arguments.
+    fn serve(&self, extra: &[&str]) -> Server {
+        let mut args = vec![
+            "--cache",
+            path_str(&self.cache),
+            "--control-socket",
+            path_str(&self.control),
+            "--stats-file",
+            path_str(&self.stats_file),
+        ];
+        args.extend_from_slice(extra);
+        Server::on_socket(self.path(), path_str(&self.backing), &args)
+    }
+
+    /// Runs `flashtier ARGS --control SOCKET`.
+    fn ctl(&self, args: &[&str]) -> Output {
+        run_any(
+            Command::new(BIN)
+                .args(args)
+                .arg("--control")
+                .arg(&self.control),
+        )
+    }
+
+    /// Runs `flashtier ARGS --control SOCKET`, which must succeed; returns its stdout.
+    fn ctl_ok(&self, args: &[&str]) -> String {
+        let out = self.ctl(args);
+        assert!(
+            out.status.success(),
+            "flashtier {args:?} failed ({}):\n{}",
+            out.status,
+            text(&out)
+        );
+        String::from_utf8(out.stdout).expect("UTF-8 output")
+    }
+
+    /// Runs `flashtier ARGS`, which must fail with exit status 1; returns its stderr.
+    fn ctl_fails(&self, args: &[&str]) -> String {
+        let out = self.ctl(args);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "flashtier {args:?} should fail with exit 1:\n{}",
+            text(&out)
+        );
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
+    /// `flashtier stats --json`, parsed.
+    fn report(&self) -> Value {
+        let out = self.ctl_ok(&["stats", "--json"]);
+        serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("stats --json is not JSON ({e}):\n{out}"))
+    }
+}
+
+fn flashtier(args: &[&str]) -> Output {
+    run_any(Command::new(BIN).args(args))
+}
+
+/// `report.counters.NAME`; panics naming the counter if it is missing.
+fn counter(report: &Value, name: &str) -> u64 {
+    report["counters"][name].as_u64().unwrap_or_else(|| {
+        panic!(
+            "no counter {name:?} in stats --json's counters: {}",
+            report["counters"]
+        )
+    })
+}
+
+/// `report.status.NAME` as a number.
+fn status_u64(report: &Value, name: &str) -> u64 {
+    report["status"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no {name:?} in stats --json's status: {}", report["status"]))
+}
+
+/// Runs qemu-io on `uri` with `commands`; every command must succeed.
+fn qemu_io(uri: &str, commands: &[String]) {
+    require("qemu-io");
+    let mut cmd = Command::new("qemu-io");
+    cmd.args(["-f", "raw", uri]);
+    for c in commands {
+        cmd.arg("-c").arg(c);
+    }
+    let out = run_any(&mut cmd);
+    let all = text(&out).to_lowercase();
+    assert!(
+        out.status.success() && !all.contains("fail") && !all.contains("error"),
+        "qemu-io {commands:?} failed:\n{all}"
+    );
+}
+
+/// Reads `[start, start + len)` sequentially in 256 KiB requests, one at a time.
+fn read_sequentially(uri: &str, start: u64, len: u64) {
+    let step = 256 << 10;
+    let cmds: Vec<String> = (start..start + len)
+        .step_by(step)
+        .map(|off| format!("read {off} {step}"))
+        .collect();
+    qemu_io(uri, &cmds);
+}
+
+/// The value of `f(report)` once it stops changing (two reads 150 ms apart agree), for
+/// counters that background work (promotion) may still be moving.
+fn settled(setup: &Setup, f: impl Fn(&Value) -> Vec<u64>) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut last = setup.report();
+    loop {
+        std::thread::sleep(Duration::from_millis(150));
+        let now = setup.report();
+        if f(&now) == f(&last) || Instant::now() > deadline {
+            return now;
+        }
+        last = now;
+    }
+}
+
+#[test]
+fn status_stats_json_and_watch_show_the_running_cache() {
+    let setup = Setup::new();
+    let server = setup.serve(&[]);
+    qemu_io(
+        &server.uri,
+        &[
+            "write -P 0x5a 0 1M".into(),
+            "read 0 2M".into(),
+            "read 0 1M".into(),
+        ],
+    );
+
+    let status = setup.ctl_ok(&["status"]);
+    for what in ["writeback", "dirty"] {
+        assert!(
+            status.to_lowercase().contains(what),
+            "status does not say {what:?}:\n{status}"
+        );
+    }
+
+    let report = setup.report();
+    for key in [
+        "status", "job", "counters", "windows", "latency", "wear", "params",
+    ] {
+        assert!(
+            report.get(key).is_some(),
+            "stats --json lacks {key:?}: {report}"
+        );
+    }
+    assert_eq!(report["status"]["mode"], "writeback", "{report}");
+    assert_eq!(report["status"]["health"], "ok", "{report}");
+    let block = status_u64(&report, "block_size");
+    assert_eq!(status_u64(&report, "dirty_blocks"), MIB / block, "{report}");
+    assert!(
+        status_u64(&report, "cached_blocks") >= 2 * MIB / block,
+        "{report}"
+    );
+    assert_eq!(counter(&report, "reads"), 2, "{report}");
+    assert_eq!(counter(&report, "writes"), 1, "{report}");
+    assert_eq!(counter(&report, "write_blocks"), MIB / block, "{report}");
+    // The second MiB was missed once; the first was hit twice (written, then read twice).
+    assert_eq!(
+        counter(&report, "read_miss_blocks"),
+        MIB / block,
+        "{report}"
+    );
+    assert_eq!(
+        counter(&report, "read_hit_blocks"),
+        2 * MIB / block,
+        "{report}"
+    );
+    for window in ["5min", "hour", "day", "total"] {
+        assert_eq!(
+            report["windows"][window]["reads"].as_u64(),
+            Some(2),
+            "window {window}: {}",
+            report["windows"]
+        );
+    }
+    assert_eq!(
+        report["latency"]["read"]["count"].as_u64(),
+        Some(2),
+        "{report}"
+    );
+    assert_eq!(
+        report["latency"]["write"]["count"].as_u64(),
+        Some(1),
+        "{report}"
+    );
+    let l = &report["latency"]["read"];
+    assert!(
+        l["p50_us"].as_f64().unwrap() > 0.0
+            && l["p50_us"].as_f64() <= l["p99_us"].as_f64()
+            && l["p99_us"].as_f64() <= l["p999_us"].as_f64(),
+        "implausible read latency: {l}"
+    );
+    assert!(report["wear"]["cache_bytes_written"].as_u64().unwrap() >= MIB);
+    for p in PARAMS {
+        assert_eq!(
+            report["params"][p.name], p.default,
+            "stats --json's params: {}",
+            report["params"]
+        );
+    }
+
+    let table = setup.ctl_ok(&["stats"]);
+    for what in [
+        "reads",
+        "read_hit_blocks",
+        "promoted_blocks",
+        "5min",
+        "hour",
+        "day",
+        "total",
+        "p50",
+        "p99",
+        "p99.9",
+    ] {
+        assert!(table.contains(what), "stats table lacks {what:?}:\n{table}");
+    }
+    assert!(
+        table.contains("66.7"),
+        "stats table lacks the read hit % 66.7:\n{table}"
+    );
+
+    // --watch refreshes every second until interrupted.
+    let mut watch = Command::new(BIN)
+        .args(["stats", "--watch", "--control", path_str(&setup.control)])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cannot start stats --watch");
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        watch.try_wait().unwrap().is_none(),
+        "stats --watch exited by itself"
+    );
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(watch.id() as i32, libc::SIGINT) };
+    if wait_or_kill(&mut watch, Duration::from_secs(5)).is_none() {
+        panic!("stats --watch did not stop on SIGINT");
+    }
+    let out = watch.wait_with_output().unwrap();
+    let shown = String::from_utf8_lossy(&out.stdout);
+    let refreshes = shown.matches("read_hit_blocks").count();
+    assert!(
+        refreshes >= 2,
+        "stats --watch showed {refreshes} tables in 2.5 s:\n{shown}"
+    );
+    server.stop();
+}
+
+#[test]
+fn get_and_set_validate_and_apply_live() {
+    let setup = Setup::new();
+    let server = setup.serve(&[]);
+
+    let all = setup.ctl_ok(&["get", "--all"]);
+    for p in PARAMS {
+        let line = all
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(p.name))
+            .unwrap_or_else(|| panic!("get --all lacks {}:\n{all}", p.name));
+        assert!(
+            line.contains(p.default) && line.contains(p.allowed),
+            "get --all's {} line lacks its value/default {:?} or range {:?}: {line}",
+            p.name,
+            p.default,
+            p.allowed
+        );
+        assert_eq!(setup.ctl_ok(&["get", p.name]).trim(), p.default);
+    }
+    assert_eq!(setup.ctl_ok(&["get", "mode"]).trim(), "writeback");
+
+    // Bad values and names: exit 1, the allowed range named, nothing changed.
+    for (name, value, says) in [
+        ("promotion_nhit", "0", "1..=255"),
+        ("promotion_nhit", "256", "1..=255"),
+        ("sequential_cutoff_read_kib", "4M", "0..=1048576"),
+        ("sequential_cutoff_read_kib", "-1", "0..=1048576"),
+        ("promotion", "sometimes", "always | nhit"),
+        ("reclaim_policy", "random", "fifo | lru"),
+        ("sequential_cutoff", "1", "sequential_cutoff_read_kib"),
+        ("mode", "fast", "writethrough"),
+    ] {
+        let err = setup.ctl_fails(&["set", name, value]);
+        assert!(
+            err.contains(says),
+            "set {name} {value} was refused without naming {says:?}: {err}"
+        );
+    }
+    assert_eq!(setup.ctl_ok(&["get", "promotion_nhit"]).trim(), "2");
+    assert_eq!(
+        setup.ctl_ok(&["get", "sequential_cutoff_read_kib"]).trim(),
+        "4096"
+    );
+    let err = setup.ctl_fails(&["get", "nonsense"]);
+    assert!(err.contains("promotion_nhit"), "unclear: {err}");
+
+    // Every parameter takes a new value live.
+    for (name, value) in [
+        ("reclaim_policy", "fifo"),
+        ("promotion_nhit", "3"),
+        ("promotion_window_secs", "60"),
+        ("sequential_cutoff_write_kib", "8192"),
+    ] {
+        let said = setup.ctl_ok(&["set", name, value]);
+        assert_eq!(said.trim(), format!("{name} = {value}"));
+        assert_eq!(setup.ctl_ok(&["get", name]).trim(), value);
+    }
+    let report = setup.report();
+    assert_eq!(report["params"]["promotion_nhit"], "3", "{report}");
+    setup.ctl_ok(&["set", "reclaim_policy", "lru"]);
+    setup.ctl_ok(&["set", "sequential_cutoff_write_kib", "0"]);
+
+    // The read cutoff, live: a 16 MiB sequential read with a 1 MiB cutoff promotes little of
+    // what it reads (the rest bypasses the cache); with the cutoff off it promotes everything.
+    let block = status_u64(&setup.report(), "block_size");
+    let region_blocks = 16 * MIB / block;
+    let moving = |r: &Value| {
+        vec![
+            counter(r, "promoted_blocks"),
+            counter(r, "bypassed_read_blocks"),
+        ]
+    };
+    setup.ctl_ok(&["set", "sequential_cutoff_read_kib", "1024"]);
+    let before = setup.report();
+    read_sequentially(&server.uri, 0, 16 * MIB);
+    let after = settled(&setup, moving);
+    let promoted = counter(&after, "promoted_blocks") - counter(&before, "promoted_blocks");
+    let bypassed =
+        counter(&after, "bypassed_read_blocks") - counter(&before, "bypassed_read_blocks");
+    assert!(
+        promoted < region_blocks / 2 && bypassed >= region_blocks / 2,
+        "with a 1 MiB read cutoff, a 16 MiB sequential read ({region_blocks} blocks) promoted \
+         {promoted} blocks and bypassed {bypassed}"
+    );
+
+    setup.ctl_ok(&["set", "sequential_cutoff_read_kib", "0"]);
+    let before = setup.report();
+    read_sequentially(&server.uri, 32 * MIB, 16 * MIB);
+    let after = settled(&setup, moving);
+    let promoted = counter(&after, "promoted_blocks") - counter(&before, "promoted_blocks");
+    let bypassed =
+        counter(&after, "bypassed_read_blocks") - counter(&before, "bypassed_read_blocks");
+    assert!(
+        promoted == region_blocks && bypassed == 0,
+        "with the read cutoff off, a 16 MiB sequential read ({region_blocks} blocks) promoted \
+         {promoted} blocks and bypassed {bypassed}"
+    );
+    server.stop();
+}
+
+#[test]
+fn set_persist_writes_the_config_file_and_a_restart_reads_it() {
+    let setup = Setup::new();
+    let config = setup.path().join("flashtier.toml");
+    let socket = setup.path().join("nbd.sock");
+    std::fs::write(
+        &config,
+        format!(
+            "# Our cache.\n\
+             [serve]\n\
+             backing = \"{}\"\n\
+             cache = \"{}\"   # the fast one\n\
+             listen = \"{}\"\n\
+             control_socket = \"{}\"\n\
+             stats_file = \"{}\"\n\
+             \n\
+             [policy]\n\
+             # Remember misses for a minute.\n\
+             promotion_window_secs = 60\n",
+            path_str(&setup.backing),
+            path_str(&setup.cache),
+            path_str(&socket),
+            path_str(&setup.control),
+            path_str(&setup.stats_file),
+        ),
+    )
+    .unwrap();
+    let server = Server::start(&["--config", path_str(&config)]);
+    assert_eq!(
+        setup.ctl_ok(&["get", "promotion_window_secs"]).trim(),
+        "60",
+        "serve --config did not apply [policy]"
+    );
+    assert_eq!(
+        setup
+            .ctl_ok(&["set", "promotion", "nhit", "--persist"])
+            .trim(),
+        "promotion = nhit"
+    );
+    setup.ctl_ok(&["set", "promotion_window_secs", "120", "--persist"]);
+    setup.ctl_ok(&["set", "promotion_nhit", "4"]); // not persisted
+    let err = setup.ctl_fails(&["set", "promotion_nhit", "0", "--persist"]);
+    assert!(err.contains("1..=255"), "{err}");
+    let saved = std::fs::read_to_string(&config).unwrap();
+    for kept in [
+        "# Our cache.\n",
+        "\"   # the fast one\n",
+        "# Remember misses for a minute.\npromotion_window_secs = 120\n",
+        "promotion = \"nhit\"\n",
+    ] {
+        assert!(
+            saved.contains(kept),
+            "set --persist lost {kept:?}:\n{saved}"
+        );
+    }
+    assert!(!saved.contains("promotion_nhit"), "{saved}");
+    server.stop();
+
+    let server = Server::start(&["--config", path_str(&config)]);
+    assert_eq!(setup.ctl_ok(&["get", "promotion"]).trim(), "nhit");
+    assert_eq!(
+        setup.ctl_ok(&["get", "promotion_window_secs"]).trim(),
+        "120"
+    );
+    assert_eq!(setup.ctl_ok(&["get", "promotion_nhit"]).trim(), "2");
+    server.stop();
+
+    // Flags override the file, `--set` its [policy] too.
+    let server = Server::start(&[
+        "--config",
+        path_str(&config),
+        "--mode",
+        "writethrough",
+        "--set",
+        "promotion_window_secs=600",
+    ]);
+    assert_eq!(setup.ctl_ok(&["get", "mode"]).trim(), "writethrough");
+    assert_eq!(
+        setup.ctl_ok(&["get", "promotion_window_secs"]).trim(),
+        "600"
+    );
+    assert_eq!(setup.ctl_ok(&["get", "promotion"]).trim(), "nhit");
+    server.stop();
+    let out = flashtier(&[
+        "serve",
+        "--config",
+        path_str(&config),
+        "--set",
+        "promotion_nhit=0",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("1..=255"),
+        "a bad --set must name the allowed range: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Without --config there is nowhere to persist to.
+    let server = setup.serve(&[]);
+    let err = setup.ctl_fails(&["set", "promotion", "nhit", "--persist"]);
+    assert!(err.contains("--config"), "unclear refusal: {err}");
+    server.stop();
+
+    // A bad value in the file: serve refuses to start, naming the file and the key.
+    std::fs::write(
+        &config,
+        saved.replace("promotion_window_secs = 120", "promotion_window_secs = 0"),
+    )
+    .unwrap();
+    let out = flashtier(&["serve", "--config", path_str(&config)]);
+    assert!(
+        !out.status.success(),
+        "serve took a bad config:\n{}",
+        text(&out)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("flashtier.toml")
+            && err.contains("promotion_window_secs")
+            && err.contains("1..=86400"),
+        "unclear refusal of a bad config: {err}"
+    );
+}
+
+#[test]
+fn config_check_accepts_the_example_and_explains_what_is_wrong() {
+    let dir = Scratch::new();
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../flashtier.example.toml");
+    let out = flashtier(&["config", "check", path_str(&example)]);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.starts_with(&format!("{}: ok\n", path_str(&example))),
+        "{said}"
+    );
+    for p in PARAMS {
+        assert!(
+            said.contains(p.name),
+            "config check does not show {}:\n{said}",
+            p.name
+        );
+    }
+
+    let file = dir.path().join("f.toml");
+    std::fs::write(
+        &file,
+        "[serve]\nbacking = \"/dev/sdb\"\nthreads = 8\n[policy]\npromotion = \"nhit\"\n",
+    )
+    .unwrap();
+    let out = flashtier(&["config", "check", path_str(&file)]);
+    assert!(out.status.success(), "{}", text(&out));
+    let said = String::from_utf8_lossy(&out.stdout);
+    for what in [
+        "\"/dev/sdb\"",
+        "= 8",
+        "= nhit",
+        "(default: 256)",
+        "(default: 4096)",
+    ] {
+        assert!(
+            said.contains(what),
+            "config check does not show {what:?}:\n{said}"
+        );
+    }
+
+    for (content, says) in [
+        (
+            "[serve]\nbacking = \"/x\"\nthreads = 0\n",
+            &[":3:", "threads", "1..=1024"][..],
+        ),
+        (
+            "[policy]\npromotion_nhit = 300\n",
+            &[":2:", "promotion_nhit", "1..=255"][..],
+        ),
+        (
+            "[serve]\nthread = 4\n",
+            &["thread", "unknown", "threads"][..],
+        ),
+        ("[polcy]\n", &["[polcy]", "[policy]"][..]),
+        ("[serve\n", &["not valid TOML"][..]),
+    ] {
+        std::fs::write(&file, content).unwrap();
+        let out = flashtier(&["config", "check", path_str(&file)]);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{content:?} passed:\n{}",
+            text(&out)
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(path_str(&file)), "{content:?}: {err}");
+        for s in says {
+            assert!(err.contains(s), "{content:?}: {err:?} does not say {s:?}");
+        }
+    }
+    let out = flashtier(&["config", "check", "/nonexistent/f.toml"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/f.toml"));
+}
+
+/// Every `[serve]` key is a `flashtier serve` flag with the default and range the config file
+/// documents, so the file and the command line cannot drift apart.
+#[test]
+fn config_keys_match_serve_flags() {
+    let help = String::from_utf8(run(Command::new(BIN).args(["serve", "--help"])).stdout).unwrap();
+    for k in SERVE_KEYS {
+        let flag = format!("--{}", k.name.replace('_', "-"));
+        let at = help
+            .find(&format!("      {flag}"))
+            .unwrap_or_else(|| panic!("`serve --help` has no {flag} for [serve] {}", k.name));
+        let section = &help[at + flag.len() + 6..];
+        let section = &section[..section.find("\n      --").unwrap_or(section.len())];
+        if k.default.parse::<u64>().is_ok() {
+            assert!(
+                section.contains(&format!("[default: {}]", k.default)),
+                "{flag}'s default differs from the config file's {}:\n{section}",
+                k.default
+            );
+        }
+        if k.allowed.contains("..=") {
+            let max: u64 = k.allowed.rsplit("..=").next().unwrap().parse().unwrap();
+            let out = flashtier(&["serve", &flag, &(max + 1).to_string()]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.code() == Some(2) && err.contains(k.allowed),
+                "serve {flag} {} was not refused with the config file's range {}: {err}",
+                max + 1,
+                k.allowed
+            );
+        }
+    }
+}
+
+#[test]
+fn mode_switch_writes_dirty_data_back_with_progress() {
+    let setup = Setup::new();
+    let server = setup.serve(&[]);
+    qemu_io(&server.uri, &["write -P 0xc3 0 8M".into()]);
+    let report = setup.report();
+    let block = status_u64(&report, "block_size");
+    assert_eq!(status_u64(&report, "dirty_blocks"), 8 * MIB / block);
+
+    let err = setup.ctl_fails(&["mode", "fastest"]);
+    assert!(err.contains("writethrough"), "{err}");
+
+    let out = setup.ctl(&["mode", "writethrough"]);
+    assert!(
+        out.status.success(),
+        "mode writethrough failed:\n{}",
+        text(&out)
+    );
+    let progress = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        progress.contains("dirty") && progress.contains("writethrough"),
+        "mode showed no progress on stderr:\n{}",
+        text(&out)
+    );
+    let report = setup.report();
+    assert_eq!(report["status"]["mode"], "writethrough", "{report}");
+    assert_eq!(status_u64(&report, "dirty_blocks"), 0, "{report}");
+    assert_eq!(report["job"]["done"], true, "{report}");
+    assert_eq!(report["job"]["dirty_blocks_left"], 0, "{report}");
+    assert!(report["job"]["error"].is_null(), "{report}");
+    assert!(
+        counter(&report, "cleaned_blocks") >= 8 * MIB / block,
+        "{report}"
+    );
+    let status = setup.ctl_ok(&["status"]);
+    assert!(status.contains("writethrough"), "{status}");
+    // Written back: the backing file alone has the data.
+    let backing = std::fs::read(&setup.backing).unwrap();
+    assert!(
+        backing[..8 * MIB as usize].iter().all(|&b| b == 0xc3),
+        "the backing store lacks what was written back"
+    );
+
+    // The server keeps serving in the new mode; back to write-back without waiting.
+    qemu_io(&server.uri, &["write -P 0x3c 0 1M".into()]);
+    assert_eq!(status_u64(&setup.report(), "dirty_blocks"), 0);
+    setup.ctl_ok(&["mode", "writeback", "--no-wait"]);
+    wait_until(Duration::from_secs(10), "mode writeback", || {
+        setup.report()["status"]["mode"] == "writeback"
+    });
+    server.stop();
+}
+
+#[test]
+fn reset_stats_zeroes_the_counters_and_the_cache_keeps_working() {
+    let setup = Setup::new();
+    let server = setup.serve(&[]);
+    qemu_io(
+        &server.uri,
+        &["write -P 0x11 0 1M".into(), "read -P 0x11 0 1M".into()],
+    );
+    let report = setup.report();
+    assert!(counter(&report, "reads") > 0 && counter(&report, "writes") > 0);
+    setup.ctl_ok(&["reset-stats"]);
+    let report = setup.report();
+    for name in [
+        "reads",
+        "writes",
+        "read_hit_blocks",
+        "write_blocks",
+        "read_miss_blocks",
+    ] {
+        assert_eq!(
+            counter(&report, name),
+            0,
+            "{name} after reset-stats: {report}"
+        );
+        assert_eq!(
+            report["windows"]["total"][name].as_u64(),
+            Some(0),
+            "window total {name} after reset-stats: {}",
+            report["windows"]
+        );
+    }
+    assert_eq!(report["latency"]["read"]["count"].as_u64().unwrap_or(0), 0);
+    // The cache itself is untouched: its data is still there and served as hits.
+    assert!(status_u64(&report, "dirty_blocks") > 0, "{report}");
+    qemu_io(&server.uri, &["read -P 0x11 0 1M".into()]);
+    let report = setup.report();
+    let block = status_u64(&report, "block_size");
+    assert_eq!(counter(&report, "reads"), 1, "{report}");
+    assert_eq!(counter(&report, "read_hit_blocks"), MIB / block, "{report}");
+    assert_eq!(
+        report["latency"]["read"]["count"].as_u64(),
+        Some(1),
+        "{report}"
+    );
+    server.stop();
+}
+
+/// Fetches `url` and parses it with prometheus_client's parser (the reference Python
+/// implementation of the text format); returns the Content-Type and one object per sample.
+fn scrape(url: &str) -> (String, Vec<Value>) {
+    const SCRIPT: &str = r#"
+import json, sys, urllib.request
+from prometheus_client.parser import text_string_to_metric_families
+resp = urllib.request.urlopen(sys.argv[1], timeout=10)
+body = resp.read().decode("utf-8")
+samples = []
+for fam in text_string_to_metric_families(body):
+    for s in fam.samples:
+        samples.append({"family": fam.name, "type": fam.type, "help": fam.documentation,
+                        "name": s.name, "labels": s.labels, "value": s.value})
+print(json.dumps({"content_type": resp.headers.get("Content-Type"), "samples": samples}))
+"#;
+    let python = "/usr/bin/python3";
+    assert!(
+        Path::new(python).exists(),
+        "/usr/bin/python3 is missing: run ./test.sh, which installs python3-prometheus-client"
+    );
+    let out = run_any(Command::new(python).args(["-c", SCRIPT, url]));
+    assert!(
+        out.status.success(),
+        "parsing {url} with prometheus_client failed (python3-prometheus-client is installed by \
+         ./test.sh):\n{}",
+        text(&out)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    (
+        v["content_type"].as_str().unwrap_or("").to_string(),
+        v["samples"].as_array().unwrap().clone(),
+    )
+}
+
+#[test]
+fn prometheus_metrics_parse_and_match_stats_json() {
+    let setup = Setup::new();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let server = setup.serve(&["--metrics-listen", &format!(":{port}")]);
+    qemu_io(
+        &server.uri,
+        &[
+            "write -P 0x22 0 2M".into(),
+            "read 0 4M".into(),
+            "flush".into(),
+        ],
+    );
+    let before = setup.report();
+    let (content_type, samples) = scrape(&format!("http://127.0.0.1:{port}/metrics"));
+    let after = setup.report();
+    assert!(
+        content_type.starts_with("text/plain") && content_type.contains("version=0.0.4"),
+        "Content-Type {content_type:?}"
+    );
+    let sample = |name: &str| {
+        samples
+            .iter()
+            .find(|s| s["name"] == name && s["labels"].as_object().is_some_and(|l| l.is_empty()))
+    };
+    // Every counter, as `flashtier_<name>_total` of a counter family with help text, between
+    // the values stats --json showed just before and just after.
+    let counters = after["counters"].as_object().unwrap();
+    assert!(counters.len() >= 20, "{counters:?}");
+    for (name, _) in counters {
+        let metric = format!("flashtier_{name}_total");
+        let s = sample(&metric).unwrap_or_else(|| panic!("no {metric} in the metrics"));
+        assert_eq!(s["type"], "counter", "{s}");
+        assert!(
+            !s["help"].as_str().unwrap_or("").is_empty(),
+            "{metric} has no HELP"
+        );
+        let v = s["value"].as_f64().unwrap();
+        let (lo, hi) = (counter(&before, name) as f64, counter(&after, name) as f64);
+        assert!(
+            lo <= v && v <= hi,
+            "{metric} = {v}, but stats --json said {lo} before and {hi} after"
+        );
+    }
+    assert!(sample("flashtier_reads_total").unwrap()["value"].as_f64() >= Some(1.0));
+    // Gauges: the cache's state.
+    for name in ["dirty_blocks", "cached_blocks"] {
+        let metric = format!("flashtier_{name}");
+        let s = sample(&metric).unwrap_or_else(|| panic!("no gauge {metric}"));
+        assert_eq!(s["type"], "gauge", "{s}");
+        assert_eq!(
+            s["value"].as_f64(),
+            Some(status_u64(&after, name) as f64),
+            "{metric}"
+        );
+    }
+    // Live parameters: one info-style gauge per parameter, its value as a label.
+    for (name, value) in after["params"].as_object().unwrap() {
+        assert!(
+            samples.iter().any(|s| s["name"] == "flashtier_param"
+                && s["labels"]["name"] == *name
+                && s["labels"]["value"] == *value
+                && s["value"] == 1.0),
+            "no flashtier_param{{name={name},value={value}}} 1 in the metrics"
+        );
+    }
+    // Latency: a summary per operation with p50/p99/p99.9 quantiles and a count matching.
+    let summaries: Vec<&Value> = samples.iter().filter(|s| s["type"] == "summary").collect();
+    for op in ["read", "write", "flush"] {
+        let mine: Vec<&&Value> = summaries
+            .iter()
+            .filter(|s| s["labels"].as_object().unwrap().values().any(|v| v == op))
+            .collect();
+        for q in ["0.5", "0.99", "0.999"] {
+            assert!(
+                mine.iter().any(|s| s["labels"]["quantile"] == q),
+                "no {q} quantile for {op} among the summaries: {summaries:?}"
+            );
+        }
+        let count = mine
+            .iter()
+            .find(|s| s["name"].as_str().unwrap().ends_with("_count"))
+            .unwrap_or_else(|| panic!("no _count for {op}: {mine:?}"));
+        let expected = after["latency"][op]["count"].as_u64().unwrap();
+        assert!(expected >= 1);
+        assert_eq!(count["value"].as_f64(), Some(expected as f64), "{op} count");
+    }
+    // Anything else is not found.
+    let out = run_any(Command::new("/usr/bin/python3").args([
+        "-c",
+        "import sys, urllib.request, urllib.error\n\
+         try:\n  urllib.request.urlopen(sys.argv[1], timeout=10)\n\
+         except urllib.error.HTTPError as e:\n  print(e.code)\n",
+        &format!("http://127.0.0.1:{port}/nothing"),
+    ]));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "404",
+        "{}",
+        text(&out)
+    );
+    server.stop();
+}
+
+/// Parses the stats text file's `name value` lines.
+fn stats_text(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(char::is_whitespace)?;
+            Some((k.to_string(), v.trim().to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn stats_file_is_refreshed_and_agrees_with_its_json_and_stats_json() {
+    let setup = Setup::new();
+    let server = setup.serve(&[]);
+    qemu_io(
+        &server.uri,
+        &["write -P 0x33 0 1M".into(), "read 0 3M".into()],
+    );
+    let json_path = PathBuf::from(format!("{}.json", path_str(&setup.stats_file)));
+    // The next refresh after the workload.
+    let workload_done = std::time::SystemTime::now();
+    wait_until(Duration::from_secs(5), "a stats file refresh", || {
+        std::fs::metadata(&json_path)
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t > workload_done)
+    });
+    let (text_file, json) = loop {
+        // The text and the JSON of one refresh: read until the text did not change around the
+        // read of the JSON.
+        let a = std::fs::read_to_string(&setup.stats_file).unwrap();
+        let j = std::fs::read_to_string(&json_path).unwrap();
+        let b = std::fs::read_to_string(&setup.stats_file).unwrap();
+        if a == b {
+            break (a, j);
+        }
+    };
+    let json: Value = serde_json::from_str(&json)
+        .unwrap_or_else(|e| panic!("{json_path:?} is not JSON ({e}):\n{json}"));
+    let lines = stats_text(&text_file);
+    let counters = json["counters"].as_object().unwrap();
+    for (name, value) in counters {
+        let line = lines
+            .iter()
+            .find(|(k, _)| k == name)
+            .unwrap_or_else(|| panic!("the stats file lacks {name}:\n{text_file}"));
+        assert_eq!(
+            line.1,
+            value.to_string(),
+            "{name} in the stats file and its JSON:\n{text_file}"
+        );
+    }
+    // Against stats --json, with the workload over: the I/O counters are equal.
+    let now = setup.report();
+    for name in [
+        "reads",
+        "writes",
+        "read_hit_blocks",
+        "read_miss_blocks",
+        "write_blocks",
+    ] {
+        assert_eq!(
+            json["counters"][name], now["counters"][name],
+            "{name}: stats file JSON vs stats --json"
+        );
+    }
+    assert_eq!(
+        json["status"]["dirty_blocks"],
+        now["status"]["dirty_blocks"]
+    );
+    assert!(counter(&now, "reads") >= 1);
+
+    // It keeps being rewritten every second.
+    let stamp = |p: &Path| std::fs::metadata(p).unwrap().modified().unwrap();
+    let (t0, j0) = (stamp(&setup.stats_file), stamp(&json_path));
+    std::thread::sleep(Duration::from_millis(1300));
+    assert!(
+        stamp(&setup.stats_file) > t0 && stamp(&json_path) > j0,
+        "the stats file was not rewritten within 1.3 s"
+    );
+    server.stop();
+}
+
+#[test]
+fn commands_without_a_server_say_which_socket_did_not_answer() {
+    let dir = Scratch::new();
+    let socket = dir.path().join("nobody.sock");
+    for args in [
+        &["status"][..],
+        &["stats", "--json"][..],
+        &["get", "promotion"][..],
+        &["set", "promotion", "nhit"][..],
+        &["mode", "writethrough"][..],
+        &["reset-stats"][..],
+    ] {
+        let out = run_any(Command::new(BIN).args(args).arg("--control").arg(&socket));
+        assert_eq!(out.status.code(), Some(1), "{args:?}:\n{}", text(&out));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(path_str(&socket)),
+            "{args:?} does not name the socket: {err}"
+        );
+    }
+    // The environment variable names the socket too.
+    let out = run_any(
+        Command::new(BIN)
+            .arg("status")
+            .env("FLASHTIER_CONTROL", &socket),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(path_str(&socket)));
+}
