@@ -339,6 +339,7 @@ impl Cache {
                     if r.is_err() {
                         Stats::add(&e.stats.cache_errors, 1);
                     }
+                    Stats::add(&e.stats.cache_reads, 1);
                     Stats::add(&e.stats.cache_read_bytes, buf.len() as u64);
                     r
                 }
@@ -367,6 +368,7 @@ impl Cache {
         e.backing
             .read_at(buf, lba * bs)
             .inspect_err(|_| Stats::add(&e.stats.backing_errors, 1))?;
+        Stats::add(&e.stats.backing_reads, 1);
         Stats::add(&e.stats.backing_read_bytes, buf.len() as u64);
         Stats::add(&e.stats.read_miss_blocks, n);
         if !self.mode().caches_reads() || e.log.failed() {
@@ -525,6 +527,7 @@ impl Cache {
         e.backing
             .write_at(buf, offset, fua)
             .inspect_err(|_| Stats::add(&e.stats.backing_errors, 1))?;
+        Stats::add(&e.stats.backing_writes, 1);
         Stats::add(&e.stats.backing_write_bytes, buf.len() as u64);
         if !fua {
             e.backing_unflushed.store(true, Ordering::Release);
@@ -880,6 +883,7 @@ impl Cache {
         let tail = self.uncached_tail();
         let end = offset + buf.len() as u64;
         if self.mode() == Mode::PassThrough || offset >= tail {
+            Stats::add(&e.stats.backing_reads, 1);
             Stats::add(&e.stats.backing_read_bytes, buf.len() as u64);
             return e.backing.read_at(buf, offset);
         }
@@ -893,6 +897,8 @@ impl Cache {
         if end > tail {
             let split = (tail - offset) as usize;
             let (cached, rest) = buf.split_at_mut(split);
+            Stats::add(&e.stats.backing_reads, 1);
+            Stats::add(&e.stats.backing_read_bytes, rest.len() as u64);
             e.backing.read_at(rest, tail)?;
             return self.read_at_cached(cached, offset, promote);
         }

@@ -73,6 +73,7 @@ pub(crate) fn clean_pass(
         e.backing
             .write_at(&buf, run[0].lba * bs, false)
             .inspect_err(|_| Stats::add(&e.stats.backing_errors, 1))?;
+        Stats::add(&e.stats.backing_writes, 1);
         Stats::add(&e.stats.backing_write_bytes, buf.len() as u64);
         Stats::add(&e.stats.cleaner_writes, 1);
         i = j;
@@ -154,6 +155,7 @@ pub(crate) fn read_slots(e: &Engine, run: &[DirtyBlock], buf: &mut [u8]) -> io::
             }
         }
         result.inspect_err(|_| Stats::add(&e.stats.cache_errors, 1))?;
+        Stats::add(&e.stats.cache_reads, 1);
         Stats::add(&e.stats.cache_read_bytes, ((j - i) * bs) as u64);
         i = j;
     }

@@ -607,6 +607,7 @@ impl Writer {
         }
         let bytes = needed as u64 * geo.block_size as u64;
         self.blocks_since_checkpoint += needed as u64;
+        Stats::add(&self.e.stats.cache_writes, 1);
         Stats::add(&self.e.stats.cache_write_bytes, bytes);
         Stats::add(&self.e.stats.batches, 1);
         Stats::add(&self.e.stats.records, batch.recs.len() as u64);
@@ -688,7 +689,10 @@ impl Writer {
             .cache
             .write_at(&self.header, self.e.geo.slot_offset(slot), false);
         match &result {
-            Ok(()) => Stats::add(&self.e.stats.cache_write_bytes, self.header.len() as u64),
+            Ok(()) => {
+                Stats::add(&self.e.stats.cache_writes, 1);
+                Stats::add(&self.e.stats.cache_write_bytes, self.header.len() as u64)
+            }
             Err(e) => {
                 Stats::add(&self.e.stats.cache_errors, 1);
                 self.fail(&format!("cannot seal segment {}: {e}", h.segment));
@@ -767,6 +771,7 @@ impl Writer {
             self.fail(&format!("checkpoint write failed: {e}"));
             return Err(e);
         }
+        Stats::add(&self.e.stats.cache_writes, 1);
         Stats::add(&self.e.stats.cache_write_bytes, buf.len() as u64);
         self.sync_device()?;
         self.checkpoint_number = number;

@@ -71,16 +71,24 @@ counters! {
     batches,
     /// Records in those batches.
     records,
+    /// Writes to the cache device (log batches and their headers, checkpoints).
+    cache_writes,
     /// Bytes written to the cache device (log, checkpoints, superblocks).
     cache_write_bytes,
+    /// Reads from the cache device (hits, and reclaim and the cleaner reading blocks back).
+    cache_reads,
     /// Bytes read from the cache device.
     cache_read_bytes,
     /// Syncs of the cache device.
     cache_syncs,
     /// Checkpoints written.
     checkpoints,
+    /// Reads from the backing store.
+    backing_reads,
     /// Bytes read from the backing store.
     backing_read_bytes,
+    /// Writes to the backing store (bypassing writes, write-through, the cleaner).
+    backing_writes,
     /// Bytes written to the backing store.
     backing_write_bytes,
     /// Flushes of the backing store.

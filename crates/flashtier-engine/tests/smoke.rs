@@ -101,9 +101,16 @@ fn read_misses_are_promoted_and_then_hit() {
     }
     let s = c.stats();
     assert_eq!(s.promoted_blocks, 16, "{s:?}");
+    // Device operations are counted as well as bytes: one backing read for the miss, at least
+    // one log batch written, and one cache read for the hit.
+    assert_eq!((s.backing_reads, s.backing_read_bytes), (1, 65536), "{s:?}");
+    assert!(s.cache_writes >= 1 && s.cache_write_bytes >= 65536, "{s:?}");
     c.read_at(&mut buf, 0).unwrap();
     assert!(buf.iter().all(|&b| b == 9));
-    assert_eq!(c.stats().read_hit_blocks, 16, "{:?}", c.stats());
+    let s2 = c.stats();
+    assert_eq!(s2.read_hit_blocks, 16, "{s2:?}");
+    assert_eq!(s2.cache_reads - s.cache_reads, 1, "{s2:?}");
+    assert_eq!(s2.backing_reads, 1, "a hit read the backing store: {s2:?}");
     c.close().unwrap();
 }
 
