@@ -141,6 +141,16 @@ impl Client {
             .ok_or_else(|| self.protocol("no mode in the answer"))
     }
 
+    /// Starts a manual flush in the background.
+    pub fn flush(&mut self) -> Result<(), ClientError> {
+        self.call(&Request::Flush).map(drop)
+    }
+
+    /// Asks the running flush to stop.
+    pub fn flush_cancel(&mut self) -> Result<(), ClientError> {
+        self.call(&Request::FlushCancel).map(drop)
+    }
+
     pub fn reset_stats(&mut self) -> Result<(), ClientError> {
         self.call(&Request::ResetStats).map(drop)
     }

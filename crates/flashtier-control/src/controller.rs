@@ -6,6 +6,7 @@
 //! background mode-switch job. A server without a cache (pass-through) still reports its device,
 //! health and latencies; anything that needs a cache fails with [`ControlError::NoCache`].
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -42,8 +43,12 @@ pub enum ControlError {
     Param(#[from] ParamError),
     #[error("invalid value '{0}' for mode: allowed {MODES}")]
     BadMode(String),
-    #[error("{0} is in progress; wait for it to finish (see `flashtier status`)")]
+    #[error("a {0} is in progress; wait for it to finish (see `flashtier status`)")]
     Busy(String),
+    #[error("no flush is running")]
+    NoFlush,
+    #[error("the {0} cannot be cancelled; only a flush can")]
+    NotCancellable(String),
     #[error(
         "--persist needs a config file, and this server was started without --config; \
          the value was not changed"
@@ -88,14 +93,49 @@ pub struct ParamRow {
     pub doc: String,
 }
 
+/// What a background job does.
+#[derive(Debug, Clone, Copy)]
+enum JobKind {
+    /// `Cache::set_mode`.
+    Mode { from: Mode, to: Mode },
+    /// `Cache::write_back_all_cancellable` (`flashtier flush`), in this mode.
+    Flush { mode: Mode },
+}
+
+impl JobKind {
+    fn what(&self) -> String {
+        match self {
+            JobKind::Mode { from, to } => format!("mode {from} -> {to}"),
+            JobKind::Flush { .. } => "flush".into(),
+        }
+    }
+
+    /// As named in errors: `mode switch writeback -> writethrough`, `flush`.
+    fn long_name(&self) -> String {
+        match self {
+            JobKind::Mode { from, to } => format!("mode switch {from} -> {to}"),
+            JobKind::Flush { .. } => "flush".into(),
+        }
+    }
+
+    /// `kind`, `from` and `to` in the report (a flush keeps the mode).
+    fn names(&self) -> (&'static str, Mode, Mode) {
+        match *self {
+            JobKind::Mode { from, to } => ("mode", from, to),
+            JobKind::Flush { mode } => ("flush", mode, mode),
+        }
+    }
+}
+
 struct Job {
-    from: Mode,
-    to: Mode,
+    kind: JobKind,
     started: Instant,
     dirty_at_start: u64,
-    /// `backing_write_bytes` when the switch started: the progress within a write-back pass.
+    /// `backing_write_bytes` when the job started: the progress within a write-back pass.
     backing_written_at_start: u64,
-    /// Set when the switch returns: how long it took and the error, if any.
+    /// Set to stop a flush between two backing writes.
+    cancel: Arc<AtomicBool>,
+    /// Set when the job returns: how long it took and the error, if any.
     finished: Option<(Duration, Option<String>)>,
 }
 
@@ -315,11 +355,14 @@ impl Controller {
             Some((took, err)) => (*took, err.clone()),
             None => (j.started.elapsed(), None),
         };
+        let (kind, from, to) = j.kind.names();
         Some(JobReport {
-            what: format!("mode {} -> {}", j.from, j.to),
-            from: j.from.to_string(),
-            to: j.to.to_string(),
+            what: j.kind.what(),
+            kind: kind.into(),
+            from: from.to_string(),
+            to: to.to_string(),
             done: j.finished.is_some(),
+            cancelled: j.cancel.load(Ordering::Acquire),
             error,
             dirty_blocks_left: dirty_left,
             dirty_blocks_at_start: j.dirty_at_start,
@@ -397,37 +440,85 @@ impl Controller {
     }
 
     fn start_switch(&self, to: Mode, persist: bool) -> Result<(), ControlError> {
+        let from = self.need_cache()?.mode();
+        let before = || {
+            if persist {
+                self.persist("mode", to.name())?;
+            }
+            Ok(())
+        };
+        self.start_job(JobKind::Mode { from, to }, before, move |cache, _| {
+            cache.set_mode(to)
+        })
+    }
+
+    /// Starts a manual flush on a background thread and returns at once: every block dirty now
+    /// is written back and the backing store flushed; the report's `job` shows the progress.
+    /// Refused while another job runs.
+    pub fn start_flush(&self) -> Result<(), ControlError> {
+        let mode = self.need_cache()?.mode();
+        self.start_job(
+            JobKind::Flush { mode },
+            || Ok(()),
+            |cache, cancel| cache.write_back_all_cancellable(cancel).map(drop),
+        )
+    }
+
+    /// Asks the running flush to stop after the backing write in flight; blocks written back
+    /// stay clean, the rest stay dirty. Returns at once; the job's `done` says when it stopped.
+    pub fn cancel_flush(&self) -> Result<(), ControlError> {
+        self.need_cache()?;
+        let job = self.job.lock();
+        match job.as_ref().filter(|j| j.finished.is_none()) {
+            Some(j) if matches!(j.kind, JobKind::Flush { .. }) => {
+                j.cancel.store(true, Ordering::Release);
+                tracing::info!("flush cancelled");
+                Ok(())
+            }
+            Some(j) => Err(ControlError::NotCancellable(j.kind.long_name())),
+            None => Err(ControlError::NoFlush),
+        }
+    }
+
+    /// Runs `work` as the one background job (after `before`, while no other job can start),
+    /// with the report's `job` following it.
+    fn start_job(
+        &self,
+        kind: JobKind,
+        before: impl FnOnce() -> Result<(), ControlError>,
+        work: impl FnOnce(&Cache, &AtomicBool) -> std::io::Result<()> + Send + 'static,
+    ) -> Result<(), ControlError> {
         let cache = self.need_cache()?.clone();
         // Held until the job is in place, so two requests cannot both start one.
         let mut job = self.job.lock();
         if let Some(j) = job.as_ref().filter(|j| j.finished.is_none()) {
-            return Err(ControlError::Busy(format!(
-                "a mode switch {} -> {}",
-                j.from, j.to
-            )));
+            return Err(ControlError::Busy(j.kind.long_name()));
         }
-        if persist {
-            self.persist("mode", to.name())?;
-        }
-        let from = cache.mode();
+        before()?;
+        let cancel = Arc::new(AtomicBool::new(false));
         *job = Some(Job {
-            from,
-            to,
+            kind,
             started: Instant::now(),
             dirty_at_start: cache.status().dirty_blocks,
             backing_written_at_start: cache.stats().backing_write_bytes,
+            cancel: cancel.clone(),
             finished: None,
         });
         drop(job);
-        tracing::info!(%from, %to, "mode switch started");
+        let what = kind.what();
+        tracing::info!("{what} started");
         let slot = self.job.clone();
+        let thread = match kind {
+            JobKind::Mode { .. } => "flashtier-mode",
+            JobKind::Flush { .. } => "flashtier-flush",
+        };
         let spawned = std::thread::Builder::new()
-            .name("flashtier-mode".into())
+            .name(thread.into())
             .spawn(move || {
-                let result = cache.set_mode(to);
+                let result = work(&cache, &cancel);
                 match &result {
-                    Ok(()) => tracing::info!(%from, %to, "mode switch done"),
-                    Err(e) => tracing::error!(%from, %to, "mode switch failed: {e}"),
+                    Ok(()) => tracing::info!("{what} done"),
+                    Err(e) => tracing::error!("{what} failed: {e}"),
                 }
                 if let Some(j) = slot.lock().as_mut() {
                     j.finished = Some((j.started.elapsed(), result.err().map(|e| e.to_string())));
@@ -442,8 +533,8 @@ impl Controller {
         Ok(())
     }
 
-    /// Whether a mode switch is still running (shutdown logs it: the cache keeps its dirty blocks
-    /// safely, and the next start resumes in the mode the device records).
+    /// Whether a job (mode switch or flush) is still running (shutdown logs it: the cache keeps
+    /// its dirty blocks safely, and the next start resumes in the mode the device records).
     pub fn job_running(&self) -> bool {
         self.job
             .lock()
@@ -555,7 +646,7 @@ pub(crate) mod tests {
             if j.done {
                 return j;
             }
-            assert!(Instant::now() < deadline, "mode switch did not finish");
+            assert!(Instant::now() < deadline, "the job did not finish");
             std::thread::sleep(Duration::from_millis(10));
         }
     }
@@ -677,15 +768,21 @@ pub(crate) mod tests {
         assert!(!c.job_running());
     }
 
-    #[test]
-    fn one_switch_at_a_time_with_progress() {
-        // Each backing write takes 20 ms: 20 scattered dirty blocks take 0.4 s to write back.
+    /// A cache over a backing store whose every write takes 20 ms, with 20 scattered dirty
+    /// blocks: writing them back takes 0.4 s.
+    fn slow_with_dirty_blocks() -> (Arc<Controller>, Arc<Timed>) {
         let slow =
             flashtier_io::SlowDev::new(Arc::new(MemDev::new(8 << 20)), Duration::from_millis(20));
         let (c, dev) = cached_on(Arc::new(slow), None);
         for i in 0..20u64 {
             dev.write_at(&[9u8; 4096], i * 65536, false).unwrap();
         }
+        (c, dev)
+    }
+
+    #[test]
+    fn one_switch_at_a_time_with_progress() {
+        let (c, _dev) = slow_with_dirty_blocks();
         c.start_mode_switch("writearound").unwrap();
         let e = c.start_mode_switch("writeback").unwrap_err();
         assert!(e.to_string().contains("writeback -> writearound"), "{e}");
@@ -696,6 +793,60 @@ pub(crate) mod tests {
         assert_eq!((j.error, j.dirty_blocks_left), (None, 0));
         c.start_mode_switch("writeback").unwrap();
         assert_eq!(wait_job(&c).to, "writeback");
+    }
+
+    #[test]
+    fn flush_runs_in_the_background_and_can_be_cancelled() {
+        let (c, dev) = slow_with_dirty_blocks();
+        let e = c.cancel_flush().unwrap_err();
+        assert!(matches!(e, ControlError::NoFlush), "{e}");
+
+        c.start_flush().unwrap();
+        let e = c.start_flush().unwrap_err();
+        assert!(e.to_string().contains("a flush is in progress"), "{e}");
+        let e = c.start_mode_switch("writethrough").unwrap_err();
+        assert!(e.to_string().contains("flush"), "{e}");
+        let j = c.report().job.unwrap();
+        assert_eq!((j.kind.as_str(), j.what.as_str()), ("flush", "flush"));
+        assert_eq!((j.from.as_str(), j.to.as_str()), ("writeback", "writeback"));
+        assert!(
+            !j.done && !j.cancelled && j.dirty_blocks_at_start == 20,
+            "{j:?}"
+        );
+        c.cancel_flush().unwrap();
+        let j = wait_job(&c);
+        assert!(j.cancelled && j.error.is_none(), "{j:?}");
+        assert!(
+            j.dirty_blocks_left > 0,
+            "cancelled at once, yet all written: {j:?}"
+        );
+        assert_eq!(
+            c.report().status.cache_status.unwrap().dirty_blocks,
+            j.dirty_blocks_left
+        );
+        assert!(c.report().render_status().contains("cancelled"));
+
+        c.start_flush().unwrap();
+        let j = wait_job(&c);
+        assert!(!j.cancelled && j.error.is_none(), "{j:?}");
+        assert_eq!(j.dirty_blocks_left, 0);
+        assert_eq!(c.report().status.cache_status.unwrap().dirty_blocks, 0);
+        assert_eq!(
+            c.get("mode").unwrap(),
+            "writeback",
+            "a flush keeps the mode"
+        );
+
+        // Only a flush can be cancelled.
+        dev.write_at(&[9u8; 4096], 0, false).unwrap();
+        c.start_mode_switch("writethrough").unwrap();
+        if let Err(e) = c.cancel_flush() {
+            assert!(
+                matches!(e, ControlError::NotCancellable(_) | ControlError::NoFlush),
+                "{e}"
+            );
+        }
+        assert_eq!(wait_job(&c).error, None);
     }
 
     #[test]
@@ -715,6 +866,8 @@ pub(crate) mod tests {
             c.get("mode").unwrap_err(),
             c.set("promotion", "nhit", false).unwrap_err(),
             c.start_mode_switch("writeback").unwrap_err(),
+            c.start_flush().unwrap_err(),
+            c.cancel_flush().unwrap_err(),
             c.params().unwrap_err(),
         ] {
             assert!(e.to_string().contains("no cache"), "{e}");

@@ -131,9 +131,11 @@ impl ControlPlane {
             f.remove();
         }
         if self.controller.job_running() {
+            // A flush stops after its backing write in flight (a mode switch cannot).
+            let _ = self.controller.cancel_flush();
             tracing::warn!(
-                "a mode switch was still running; the cache keeps its dirty blocks and the next \
-                 start uses the mode recorded on the device"
+                "a mode switch or flush was still running; the cache keeps its dirty blocks and \
+                 the next start uses the mode recorded on the device"
             );
         }
     }

@@ -173,14 +173,23 @@ impl Report {
             }
         }
         if let Some(j) = &self.job {
+            // flashtier_mode_switch_* or flashtier_flush_*.
+            let job = if j.kind == "flush" {
+                "flush"
+            } else {
+                "mode_switch"
+            };
             o.gauge(
-                "flashtier_mode_switch_running",
-                &format!("1 while a mode switch runs ({})", j.what),
+                &format!("flashtier_{job}_running"),
+                &format!("1 while a {} runs ({})", job.replace('_', " "), j.what),
                 if j.done { 0.0 } else { 1.0 },
             );
             o.gauge(
-                "flashtier_mode_switch_dirty_blocks_left",
-                "Dirty blocks the mode switch still has to write back",
+                &format!("flashtier_{job}_dirty_blocks_left"),
+                &format!(
+                    "Dirty blocks the {} still has to write back",
+                    job.replace('_', " ")
+                ),
                 j.dirty_blocks_left as f64,
             );
         }

@@ -1,7 +1,8 @@
 //! The control protocol: one JSON object per line each way over a unix socket.
 //!
 //! Requests: `{"op":"report"}`, `{"op":"get","name":N}`, `{"op":"set","name":N,"value":V,
-//! "persist":bool}`, `{"op":"params"}`, `{"op":"mode","mode":M}`, `{"op":"reset_stats"}`.
+//! "persist":bool}`, `{"op":"params"}`, `{"op":"mode","mode":M}`, `{"op":"flush"}`,
+//! `{"op":"flush_cancel"}`, `{"op":"reset_stats"}`.
 //! Responses: `{"ok":true,"result":...}` or `{"ok":false,"error":"message"}`. Line-delimited
 //! JSON keeps the protocol usable by hand (`socat - UNIX:control.sock`) and from any language.
 
@@ -28,6 +29,11 @@ pub enum Request {
     Params,
     /// Starts a mode switch in the background: `{"mode"}`; progress is the report's `job`.
     Mode { mode: String },
+    /// Starts a manual flush in the background (every dirty block written back, the backing
+    /// store flushed): `null`; progress is the report's `job`.
+    Flush,
+    /// Stops the running flush after the backing write in flight: `null`.
+    FlushCancel,
     /// Restarts counters, windows and latencies from zero: `null`.
     ResetStats,
 }
@@ -95,6 +101,10 @@ mod tests {
         );
         let r: Request = serde_json::from_str(r#"{"op":"reset_stats"}"#).unwrap();
         assert_eq!(r, Request::ResetStats);
+        let r: Request = serde_json::from_str(r#"{"op":"flush"}"#).unwrap();
+        assert_eq!(r, Request::Flush);
+        let r: Request = serde_json::from_str(r#"{"op":"flush_cancel"}"#).unwrap();
+        assert_eq!(r, Request::FlushCancel);
         assert!(serde_json::from_str::<Request>(r#"{"op":"explode"}"#).is_err());
         assert!(serde_json::from_str::<Request>(r#"{"op":"get"}"#).is_err());
         let line = serde_json::to_string(&Request::Mode { mode: "wt".into() }).unwrap();

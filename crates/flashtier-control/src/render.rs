@@ -146,15 +146,23 @@ impl Report {
         table(&rows, false)
     }
 
-    /// One line about the mode switch, running or last.
+    /// One line about the job (mode switch or flush), running or last.
     pub fn render_job(&self) -> String {
         let Some(j) = &self.job else {
             return "nothing".into();
         };
         match (j.done, &j.error) {
             (false, _) => format!(
-                "{}: {} dirty blocks left to write back (of {}), {:.1} s so far",
-                j.what, j.dirty_blocks_left, j.dirty_blocks_at_start, j.elapsed_secs
+                "{}{}: {} dirty blocks left to write back (of {}), {:.1} s so far",
+                j.what,
+                if j.cancelled { " (cancelling)" } else { "" },
+                j.dirty_blocks_left,
+                j.dirty_blocks_at_start,
+                j.elapsed_secs
+            ),
+            (true, None) if j.cancelled => format!(
+                "nothing (last: {} cancelled after {:.1} s, {} dirty blocks left)",
+                j.what, j.elapsed_secs, j.dirty_blocks_left
             ),
             (true, None) => format!(
                 "nothing (last: {}, done in {:.1} s)",
@@ -322,6 +330,7 @@ impl Report {
         if let Some(j) = &self.job {
             line("job", &j.what);
             line("job_done", &j.done);
+            line("job_cancelled", &j.cancelled);
             line("job_dirty_blocks_left", &j.dirty_blocks_left);
             if let Some(e) = &j.error {
                 line("job_error", e);

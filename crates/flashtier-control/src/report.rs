@@ -75,7 +75,7 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for Ordered<V> {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
     pub status: StatusReport,
-    /// The mode switch in progress, or the last one (until the next starts).
+    /// The mode switch or flush in progress, or the last one (until the next starts).
     pub job: Option<JobReport>,
     /// Every counter since the server started or the last `reset-stats`.
     pub counters: Ordered<u64>,
@@ -133,19 +133,26 @@ pub struct CacheStatus {
     pub reclaim_policy: String,
 }
 
-/// A mode switch.
+/// A background job: a mode switch or a manual flush.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobReport {
-    /// e.g. `mode writeback -> writethrough`.
+    /// e.g. `mode writeback -> writethrough`, `flush`.
     pub what: String,
+    /// `mode` or `flush`.
+    pub kind: String,
+    /// The mode before and after (the same for a flush).
     pub from: String,
     pub to: String,
     pub done: bool,
-    /// Why it failed (then `done` is true and the mode is unchanged).
+    /// A flush asked to stop (`flashtier flush --cancel`); once `done`, the blocks it had not
+    /// written back are still dirty.
+    pub cancelled: bool,
+    /// Why it failed (then `done` is true; a failed switch leaves the mode unchanged, a failed
+    /// flush leaves what it did not write back dirty).
     pub error: Option<String>,
-    /// Dirty blocks still to write back (the progress of leaving write-back). While the switch
-    /// runs this is an estimate: dirty blocks less what was written to the backing store since
-    /// it started (the engine marks blocks clean only at the end of each write-back pass).
+    /// Dirty blocks still to write back. While the job runs this is an estimate: dirty blocks
+    /// less what was written to the backing store since it started (the engine marks blocks
+    /// clean only at the end of each write-back pass).
     pub dirty_blocks_left: u64,
     pub dirty_blocks_at_start: u64,
     pub elapsed_secs: f64,

@@ -43,6 +43,14 @@ pub fn handle(c: &Controller, req: Request) -> Result<serde_json::Value, Control
         }
         Request::Params => json(&c.params()?),
         Request::Mode { mode } => serde_json::json!({ "mode": c.start_mode_switch(&mode)? }),
+        Request::Flush => {
+            c.start_flush()?;
+            serde_json::Value::Null
+        }
+        Request::FlushCancel => {
+            c.cancel_flush()?;
+            serde_json::Value::Null
+        }
         Request::ResetStats => {
             c.reset_stats();
             serde_json::Value::Null
@@ -62,7 +70,7 @@ fn respond(c: &Controller, line: &str) -> Response {
         Err(e) => {
             return Response::error(format!(
                 "bad request ({e}); expected one JSON object per line with \"op\" one of \
-                 report, get, set, params, mode, reset_stats"
+                 report, get, set, params, mode, flush, flush_cancel, reset_stats"
             ))
         }
     };

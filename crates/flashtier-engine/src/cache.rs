@@ -24,7 +24,7 @@
 //! cached copy older than what the backing store holds.
 
 use std::io;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -193,7 +193,25 @@ impl Cache {
     /// Writes every dirty block back to the backing store; returns how many.
     pub fn write_back_all(&self) -> io::Result<u64> {
         let n = self.e.geo.slot_count();
-        cleaner::clean_pass(&self.e, |st| cleaner::all_dirty(st, n))
+        cleaner::clean_pass(&self.e, |st| cleaner::all_dirty(st, n), None)
+    }
+
+    /// A manual flush: writes back every block dirty when it starts (one cleaning pass: sorted,
+    /// coalesced, the backing store flushed before blocks are marked clean) and then flushes
+    /// the backing store for writes that went around the cache, so that when it returns `Ok`
+    /// the backing store durably holds everything written before the call. Blocks rewritten
+    /// meanwhile stay dirty. Returns the blocks written back.
+    ///
+    /// Setting `cancel` stops the pass before its next backing write: what was written is
+    /// flushed and marked clean, the rest stays dirty (and safe in the cache), and it returns
+    /// the blocks written so far.
+    pub fn write_back_all_cancellable(&self, cancel: &AtomicBool) -> io::Result<u64> {
+        let n = self.e.geo.slot_count();
+        let written = cleaner::clean_pass(&self.e, |st| cleaner::all_dirty(st, n), Some(cancel))?;
+        if !cancel.load(Ordering::Acquire) {
+            self.flush_backing_if_written()?;
+        }
+        Ok(written)
     }
 
     pub fn stats(&self) -> StatsSnapshot {
@@ -824,7 +842,7 @@ impl BlockDev for Cache {
         if last > first {
             let n = last - first;
             let slots = e.geo.slot_count();
-            cleaner::clean_pass(e, |st| cleaner::dirty_in_range(st, slots, first, n))?;
+            cleaner::clean_pass(e, |st| cleaner::dirty_in_range(st, slots, first, n), None)?;
             let mut busy = e.guards.busy(first, n);
             self.invalidate(first, n)?;
             let _order = e.backing_order.read();

@@ -15,11 +15,16 @@
 //! because the backing store is flushed first. Not depending on log space is what lets reclaim
 //! always make progress, even with the log full of dirty blocks.
 //!
+//! A pass may be cancelled (`cancel` set, e.g. by `flashtier flush --cancel`): it stops between
+//! two backing writes, flushes the backing store and marks clean only the blocks it wrote; the
+//! rest stay dirty, as they were.
+//!
 //! Passes are exclusive with writes that go around the cache (`Engine::backing_order`): a pass
 //! that read an old version of a block must not land on the backing store after a newer version
 //! written straight there.
 
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use flashtier_io::AlignedBuf;
 
@@ -41,9 +46,13 @@ pub(crate) struct DirtyBlock {
 
 /// Cleans the dirty blocks chosen by `select` (called with the state locked for reading, under
 /// the pass's exclusive lock, so no bypass write is in flight). Returns blocks written back.
+///
+/// When `cancel` is set during the pass, it stops before the next backing write, flushes the
+/// backing store and marks clean only what it wrote (the blocks of the runs written so far).
 pub(crate) fn clean_pass(
     e: &Engine,
     select: impl FnOnce(&crate::state::State) -> Vec<DirtyBlock>,
+    cancel: Option<&AtomicBool>,
 ) -> io::Result<u64> {
     let _exclusive = e.backing_order.write();
     let (blocks, generations) = {
@@ -60,8 +69,9 @@ pub(crate) fn clean_pass(
 
     let bs = e.geo.block_size as u64;
     let per_write = (MAX_BACKING_WRITE / bs).max(1) as usize;
+    let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Acquire));
     let mut i = 0;
-    while i < blocks.len() {
+    while i < blocks.len() && !cancelled() {
         // A run of consecutive addresses, up to the coalescing limit.
         let mut j = i + 1;
         while j < blocks.len() && j - i < per_write && blocks[j].lba == blocks[j - 1].lba + 1 {
@@ -78,11 +88,15 @@ pub(crate) fn clean_pass(
         Stats::add(&e.stats.cleaner_writes, 1);
         i = j;
     }
+    // `blocks[..i]` were written (all of them unless cancelled).
+    if i == 0 {
+        return Ok(0);
+    }
     crate::engine::flush_backing(e)?;
 
-    mark_clean(e, &blocks, &generations);
-    Stats::add(&e.stats.cleaned_blocks, blocks.len() as u64);
-    Ok(blocks.len() as u64)
+    mark_clean(e, &blocks[..i], &generations[..i]);
+    Stats::add(&e.stats.cleaned_blocks, i as u64);
+    Ok(i as u64)
 }
 
 /// The generation of each block's segment, to pass to [`mark_clean`] later.

@@ -153,13 +153,17 @@ pub(crate) fn reclaim_segment(e: &Engine, victim: u32, copy_budget: &mut u64) ->
         }
     };
     copy_forward_unless_full(e, victim, &dirty_here)?;
-    cleaner::clean_pass(e, |st| {
-        st.index
-            .slots_in(first, bps)
-            .filter(|(_, i)| i.dirty)
-            .map(|(slot, i)| DirtyBlock { lba: i.lba, slot })
-            .collect()
-    })?;
+    cleaner::clean_pass(
+        e,
+        |st| {
+            st.index
+                .slots_in(first, bps)
+                .filter(|(_, i)| i.dirty)
+                .map(|(slot, i)| DirtyBlock { lba: i.lba, slot })
+                .collect()
+        },
+        None,
+    )?;
 
     // 2. Recently read blocks are copied forward (LRU), up to half a segment in all, so every
     //    victim frees at least half a segment even when all of it was read recently (a hot set

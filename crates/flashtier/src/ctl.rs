@@ -1,4 +1,5 @@
-//! The control subcommands: `status`, `stats`, `get`, `set`, `mode`, `reset-stats`. Each talks to
+//! The control subcommands: `status`, `stats`, `get`, `set`, `mode`, `flush`, `reset-stats`. Each
+//! talks to
 //! a running `flashtier serve` over its control socket (flashtier_control::Client).
 
 use std::io::{IsTerminal, Write};
@@ -12,6 +13,7 @@ use flashtier_control::{Client, MODES};
 use flashtier_engine::PARAMS;
 
 use crate::serve::default_run_dir;
+use crate::units::fmt_bytes;
 
 #[derive(Args, Debug)]
 pub struct ControlOpt {
@@ -99,6 +101,26 @@ pub struct ModeArgs {
     /// Start the switch and return at once; `flashtier status` shows the progress.
     #[arg(long)]
     no_wait: bool,
+    #[command(flatten)]
+    control: ControlOpt,
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Without options, waits with a progress bar on stderr (dirty data left, rate, estimated time) and \
+returns once the backing store durably holds everything written before the flush started: every \
+block dirty then is written back (sorted by address, coalesced), then the backing store is \
+flushed. The cache keeps serving meanwhile; blocks written during the flush stay dirty. \
+Interrupting this command (Ctrl-C) does not stop the flush; `flashtier flush --cancel` does.")]
+pub struct FlushArgs {
+    /// Start the flush and return at once; `flashtier status` shows the progress and, later,
+    /// the completion.
+    #[arg(long, conflicts_with = "cancel")]
+    background: bool,
+    /// Stop the running flush after the backing write in flight: what was written back is
+    /// clean (and flushed to the backing store), the rest stays dirty, safely in the cache.
+    #[arg(long)]
+    cancel: bool,
     #[command(flatten)]
     control: ControlOpt,
 }
@@ -233,23 +255,72 @@ pub fn reset_stats(args: ResetStatsArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Follows the mode switch to `mode` until it is done, with a progress bar on stderr (a line
-/// per second when stderr is not a terminal). Fails if the switch failed.
+pub fn flush(args: FlushArgs) -> anyhow::Result<()> {
+    let mut client = args.control.connect()?;
+    if args.cancel {
+        client.flush_cancel()?;
+        let job = wait_for_job(&mut client, false)?;
+        if let Some(e) = &job.error {
+            anyhow::bail!("the flush failed: {e}");
+        }
+        if job.cancelled {
+            println!(
+                "flush cancelled: {} dirty blocks left",
+                job.dirty_blocks_left
+            );
+        } else {
+            println!("the flush had already finished");
+        }
+        return Ok(());
+    }
+    client.flush()?;
+    if args.background {
+        eprintln!("flashtier: flushing in the background; `flashtier status` shows the progress");
+        return Ok(());
+    }
+    let job = wait_for_job(&mut client, true)?;
+    if let Some(e) = &job.error {
+        anyhow::bail!("the flush failed: {e} (what was not written back is still dirty)");
+    }
+    if job.cancelled {
+        anyhow::bail!(
+            "the flush was cancelled; {} dirty blocks left",
+            job.dirty_blocks_left
+        );
+    }
+    println!("flushed: the backing store holds everything written before the flush");
+    Ok(())
+}
+
+/// Follows the mode switch to `mode` until it is done (see [`wait_for_job`]). Fails if the
+/// switch failed.
 fn wait_for_switch(client: &mut Client, mode: &str) -> anyhow::Result<()> {
+    let job = wait_for_job(client, true)?;
+    if let Some(e) = &job.error {
+        anyhow::bail!("switching to {mode} failed: {e} (the mode is unchanged)");
+    }
+    Ok(())
+}
+
+/// Follows the server's job until it is done, with a progress bar on stderr (a line per second
+/// when stderr is not a terminal), then a summary line when `summary`; returns its last report.
+fn wait_for_job(client: &mut Client, summary: bool) -> anyhow::Result<JobReport> {
     let tty = std::io::stderr().is_terminal();
     let mut last_line = Instant::now() - Duration::from_secs(1);
     let job = loop {
-        let job = client
-            .report()?
-            .job
-            .context("the server reports no mode switch")?;
+        let report = client.report()?;
+        let job = report.job.context("the server reports no job")?;
         if job.done {
             break job;
         }
+        let block = report
+            .status
+            .cache_status
+            .map_or(1, |c| c.block_size as u64);
         if tty {
-            eprint!("\r{}\x1b[K", progress(&job));
+            eprint!("\r{}\x1b[K", progress(&job, block));
         } else if last_line.elapsed() >= Duration::from_secs(1) {
-            eprintln!("{}", progress(&job));
+            eprintln!("{}", progress(&job, block));
             last_line = Instant::now();
         }
         std::thread::sleep(Duration::from_millis(if tty { 200 } else { 250 }));
@@ -257,36 +328,46 @@ fn wait_for_switch(client: &mut Client, mode: &str) -> anyhow::Result<()> {
     if tty {
         eprint!("\r\x1b[K");
     }
-    if let Some(e) = &job.error {
-        anyhow::bail!("switching to {mode} failed: {e} (the mode is unchanged)");
+    if summary && job.error.is_none() {
+        let written = job
+            .dirty_blocks_at_start
+            .saturating_sub(job.dirty_blocks_left);
+        eprintln!(
+            "{}: {} in {:.1} s, dirty blocks written back: {written}, dirty blocks left: {}",
+            job.what,
+            if job.cancelled { "cancelled" } else { "done" },
+            job.elapsed_secs,
+            job.dirty_blocks_left
+        );
     }
-    let written = job
-        .dirty_blocks_at_start
-        .saturating_sub(job.dirty_blocks_left);
-    eprintln!(
-        "{}: done in {:.1} s, dirty blocks written back: {written}, dirty blocks left: {}",
-        job.what, job.elapsed_secs, job.dirty_blocks_left
-    );
-    Ok(())
+    Ok(job)
 }
 
-/// `[#########...........]  45%  mode writeback -> writethrough: 1234 of 2245 dirty blocks left`
-fn progress(job: &JobReport) -> String {
+/// `[#########.....................]  30%  flush: 7.00 MiB of 10.00 MiB dirty left, 1.50 MiB/s,
+/// ETA 5 s` (`block` = the cache's block size).
+fn progress(job: &JobReport, block: u64) -> String {
     const WIDTH: u64 = 30;
     let total = job.dirty_blocks_at_start.max(job.dirty_blocks_left);
     if total == 0 {
-        return format!("{}: no dirty blocks to write back, switching", job.what);
+        return format!("{}: no dirty blocks to write back", job.what);
     }
     let done = total - job.dirty_blocks_left.min(total);
     let filled = (done * WIDTH / total) as usize;
+    let rate = (done * block) as f64 / job.elapsed_secs.max(0.001);
+    let eta = if done == 0 {
+        "ETA unknown".to_string()
+    } else {
+        format!("ETA {:.0} s", (job.dirty_blocks_left * block) as f64 / rate)
+    };
     format!(
-        "[{}{}] {:3}%  {}: {} of {} dirty blocks left to write back, {:.0} s",
+        "[{}{}] {:3}%  {}: {} of {} dirty left to write back, {}/s, {eta}, {:.0} s so far",
         "#".repeat(filled),
         ".".repeat(WIDTH as usize - filled),
         done * 100 / total,
         job.what,
-        job.dirty_blocks_left,
-        total,
+        fmt_bytes(job.dirty_blocks_left * block),
+        fmt_bytes(total * block),
+        fmt_bytes(rate as u64),
         job.elapsed_secs
     )
 }
@@ -297,22 +378,33 @@ mod tests {
 
     #[test]
     fn progress_bar() {
-        let job = JobReport {
+        let mut job = JobReport {
             what: "mode writeback -> writethrough".into(),
+            kind: "mode".into(),
             from: "writeback".into(),
             to: "writethrough".into(),
             done: false,
+            cancelled: false,
             error: None,
             dirty_blocks_left: 25,
             dirty_blocks_at_start: 100,
             elapsed_secs: 2.0,
         };
-        let p = progress(&job);
+        let p = progress(&job, 1 << 20);
         assert!(
             p.starts_with("[######################........]  75%"),
             "{p}"
         );
         assert!(p.contains("writethrough") && p.contains("dirty"), "{p}");
+        // 75 MiB in 2 s: 37.5 MiB/s, 25 MiB left in 0.67 s.
+        assert!(
+            p.contains("25.00 MiB of 100.00 MiB dirty left")
+                && p.contains("37.50 MiB/s")
+                && p.contains("ETA 1 s"),
+            "{p}"
+        );
+        job.dirty_blocks_left = 100;
+        assert!(progress(&job, 4096).contains("ETA unknown"));
     }
 
     #[test]

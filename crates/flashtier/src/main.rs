@@ -43,7 +43,7 @@ enum Command {
     /// through NBD, verify every byte, and report what happened.
     Demo(demo::DemoArgs),
     /// Show a running server's state: mode, sizes, used and dirty space, health, and the mode
-    /// switch in progress.
+    /// switch or flush in progress.
     Status(ctl::StatusArgs),
     /// Show a running server's statistics: counters in total and over the last 5 minutes, hour
     /// and day, hit rates, latency percentiles per operation, and the flash wear forecast.
@@ -57,6 +57,9 @@ enum Command {
     /// Switch a running server's cache mode live; leaving write-back first writes every dirty
     /// block back, with a progress bar.
     Mode(ctl::ModeArgs),
+    /// Write every dirty block of a running server back to the backing store and flush it,
+    /// with a progress bar (--background returns at once; --cancel stops a running flush).
+    Flush(ctl::FlushArgs),
     /// Start a running server's counters, windows and latency histograms again from zero (the
     /// cache's contents are untouched).
     ResetStats(ctl::ResetStatsArgs),
@@ -92,6 +95,7 @@ fn main() {
         Command::Get(args) => ctl::get(args),
         Command::Set(args) => ctl::set(args),
         Command::Mode(args) => ctl::mode(args),
+        Command::Flush(args) => ctl::flush(args),
         Command::ResetStats(args) => ctl::reset_stats(args),
         Command::Config(args) => config_cmd::run(args),
     };

@@ -1,6 +1,7 @@
 //! Operating a running server from the command line: `status`, `stats` (table, `--json`,
 //! `--watch`), `get`/`set` (validation, live effect, `--persist` into the config file and a
-//! restart reading it), `mode` (writing dirty data back with progress), `reset-stats`, the stats
+//! restart reading it), `mode` (writing dirty data back with progress), `flush` (blocking,
+//! `--background`, `--cancel`, over a slow NBD backing store), `reset-stats`, the stats
 //! file and its JSON, Prometheus metrics read by the reference Python parser, `config check`,
 //! and the error when no server answers.
 
@@ -21,7 +22,10 @@ const BACKING: u64 = 64 * MIB;
 /// A scratch directory with a 64 MiB backing file of random data and a 96 MiB cache for it.
 struct Setup {
     dir: Scratch,
+    /// The file holding the backing store's data.
     backing: PathBuf,
+    /// The backing store as `serve --backing` names it (the file, or an NBD URI serving it).
+    backing_spec: String,
     cache: PathBuf,
     control: PathBuf,
     stats_file: PathBuf,
@@ -31,16 +35,23 @@ impl Setup {
     fn new() -> Setup {
         let dir = Scratch::new();
         let backing = dir.path().join("backing");
-        let cache = dir.path().join("cache");
         random_file(&backing, BACKING as usize, 11);
+        let spec = path_str(&backing).to_string();
+        Setup::format(dir, backing, spec, "96M")
+    }
+
+    /// A cache of `size` (1 MiB segments) in `dir` for the backing store `spec`, whose data is
+    /// in the file `backing`.
+    fn format(dir: Scratch, backing: PathBuf, spec: String, size: &str) -> Setup {
+        let cache = dir.path().join("cache");
         let out = flashtier(&[
             "format",
             "--cache",
             path_str(&cache),
             "--backing",
-            path_str(&backing),
+            &spec,
             "--size",
-            "96M",
+            size,
             "--segment-size",
             "1M",
         ]);
@@ -49,6 +60,7 @@ impl Setup {
             control: dir.path().join("control.sock"),
             stats_file: dir.path().join("stats"),
             backing,
+            backing_spec: spec,
             cache,
             dir,
         }
@@ -70,7 +82,7 @@ impl Setup {
             path_str(&self.stats_file),
         ];
         args.extend_from_slice(extra);
-        Server::on_socket(self.path(), path_str(&self.backing), &args)
+        Server::on_socket(self.path(), &self.backing_spec, &args)
     }
 
     /// Runs `flashtier ARGS --control SOCKET`.
@@ -698,6 +710,105 @@ fn mode_switch_writes_dirty_data_back_with_progress() {
     server.stop();
 }
 
+/// Blocks dirtied by [`flush_writes_back_in_the_foreground_background_and_can_be_cancelled`]:
+/// one 4 KiB block every 64 KiB, so none coalesce and each is its own slow backing write.
+const FLUSH_BLOCKS: u64 = 200;
+const FLUSH_STRIDE: u64 = 64 << 10;
+
+#[test]
+fn flush_writes_back_in_the_foreground_background_and_can_be_cancelled() {
+    require("nbdkit");
+    // The backing store: a file behind nbdkit, one request at a time, 10 ms per write, so
+    // writing the 200 dirty blocks back takes about 2 s.
+    let dir = Scratch::new();
+    let img = dir.path().join("slow.img");
+    sparse_file(&img, FLUSH_BLOCKS * FLUSH_STRIDE);
+    let sock = dir.path().join("nbdkit.sock");
+    let _nbdkit = KillOnDrop(Some(
+        Command::new("nbdkit")
+            .args(["-f", "--exit-with-parent", "-U"])
+            .arg(&sock)
+            .args(["--filter=noparallel", "--filter=delay", "file"])
+            .arg(&img)
+            .args(["serialize=all-requests", "wdelay=10ms"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start nbdkit"),
+    ));
+    wait_until(Duration::from_secs(10), "nbdkit's socket", || sock.exists());
+    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    let setup = Setup::format(dir, img, uri, "32M");
+    let server = setup.serve(&[]);
+    let pattern = |i: u64| 1 + (i % 250);
+    let writes: Vec<String> = (0..FLUSH_BLOCKS)
+        .map(|i| format!("write -P {} {} 4k", pattern(i), i * FLUSH_STRIDE))
+        .collect();
+    qemu_io(&server.uri, &writes);
+    let dirty = |r: &Value| status_u64(r, "dirty_blocks");
+    assert_eq!(dirty(&setup.report()), FLUSH_BLOCKS);
+
+    let err = setup.ctl_fails(&["flush", "--cancel"]);
+    assert!(err.contains("no flush is running"), "{err}");
+
+    // In the background: returns at once, status shows the progress.
+    let started = Instant::now();
+    setup.ctl_ok(&["flush", "--background"]);
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "--background waited"
+    );
+    let status = setup.ctl_ok(&["status"]);
+    assert!(
+        status.contains("flush") && status.contains("dirty blocks left"),
+        "status shows no flush in progress:\n{status}"
+    );
+    let err = setup.ctl_fails(&["flush"]);
+    assert!(err.contains("a flush is in progress"), "{err}");
+    // Some progress, then cancel: it stops; what is left stays dirty.
+    wait_until(Duration::from_secs(10), "flush progress", || {
+        let j = &setup.report()["job"];
+        j["dirty_blocks_left"].as_u64().unwrap() < FLUSH_BLOCKS - 10
+    });
+    let out = setup.ctl_ok(&["flush", "--cancel"]);
+    assert!(out.contains("flush cancelled"), "{out}");
+    let report = setup.report();
+    let left = dirty(&report);
+    assert!(left > 0 && left < FLUSH_BLOCKS, "{report}");
+    assert_eq!(report["job"]["kind"], "flush", "{report}");
+    assert_eq!(report["job"]["done"], true, "{report}");
+    assert_eq!(report["job"]["cancelled"], true, "{report}");
+    assert_eq!(report["job"]["dirty_blocks_left"], left, "{report}");
+    let status = setup.ctl_ok(&["status"]);
+    assert!(status.contains("flush cancelled"), "{status}");
+
+    // In the foreground: a progress bar, then everything is on the backing store.
+    let out = setup.ctl(&["flush"]);
+    assert!(out.status.success(), "flush failed:\n{}", text(&out));
+    let progress = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        progress.contains("dirty left to write back") && progress.contains("/s, ETA"),
+        "flush showed no progress on stderr:\n{}",
+        text(&out)
+    );
+    let report = setup.report();
+    assert_eq!(dirty(&report), 0, "{report}");
+    assert_eq!(report["job"]["cancelled"], false, "{report}");
+    assert_eq!(report["job"]["dirty_blocks_left"], 0, "{report}");
+    assert!(report["job"]["error"].is_null(), "{report}");
+    assert!(setup.ctl_ok(&["status"]).contains("last: flush, done"));
+    let data = std::fs::read(&setup.backing).unwrap();
+    for i in 0..FLUSH_BLOCKS {
+        let at = (i * FLUSH_STRIDE) as usize;
+        assert!(
+            data[at..at + 4096].iter().all(|&b| b as u64 == pattern(i)),
+            "block {i} is not on the backing store after flush"
+        );
+    }
+    server.stop();
+}
+
 #[test]
 fn reset_stats_zeroes_the_counters_and_the_cache_keeps_working() {
     let setup = Setup::new();
@@ -979,6 +1090,8 @@ fn commands_without_a_server_say_which_socket_did_not_answer() {
         &["get", "promotion"][..],
         &["set", "promotion", "nhit"][..],
         &["mode", "writethrough"][..],
+        &["flush"][..],
+        &["flush", "--cancel"][..],
         &["reset-stats"][..],
     ] {
         let out = run_any(Command::new(BIN).args(args).arg("--control").arg(&socket));

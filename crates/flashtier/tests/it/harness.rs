@@ -627,3 +627,21 @@ fn loop_released(dev: &str, timeout: Duration) -> bool {
     }
     true
 }
+
+/// A child process killed (and reaped) when dropped, so a failing test leaves nothing behind.
+pub struct KillOnDrop(pub Option<Child>);
+
+impl KillOnDrop {
+    pub fn child(&mut self) -> &mut Child {
+        self.0.as_mut().expect("child already taken")
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.0.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

@@ -6,10 +6,12 @@
 
 use std::fs;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::harness::{self, path_str, run_any, text, wait_or_kill, wait_until, FuseLoop, Server};
+use crate::harness::{
+    self, path_str, run_any, text, wait_or_kill, wait_until, FuseLoop, KillOnDrop, Server,
+};
 
 const MIB: usize = 1024 * 1024;
 
@@ -111,24 +113,6 @@ fn qemu_io(uri: &str, commands: &[&str]) -> String {
         out.status
     );
     all
-}
-
-/// A child process killed (and reaped) when dropped, so a failing test leaves nothing behind.
-struct KillOnDrop(Option<Child>);
-
-impl KillOnDrop {
-    fn child(&mut self) -> &mut Child {
-        self.0.as_mut().expect("child already taken")
-    }
-}
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.0.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
 }
 
 /// Parses `nbdinfo --map` output into (offset, length, type, description) rows.
