@@ -256,7 +256,11 @@ impl Controller {
             Some(s) if s.failed => "failed: the cache device failed; the cache refuses writes \
                                     until flashtier is restarted (see its log)"
                 .to_string(),
-            _ => "ok".to_string(),
+            Some(s) => match &s.backing_degraded {
+                Some(reason) => format!("degraded: {reason}"),
+                None => "ok".to_string(),
+            },
+            None => "ok".to_string(),
         };
         StatusReport {
             device: self.dev.describe(),
@@ -683,6 +687,41 @@ pub(crate) mod tests {
         dev.write_at(&buf, 0, false).unwrap();
         assert_eq!(c.report().counters.get("writes"), Some(&1));
         assert!(c.cache().unwrap().stats().writes >= 2, "engine unchanged");
+    }
+
+    /// While the backing store fails writes, health is `degraded: <reason>` in the report, the
+    /// stats file and Prometheus (with `flashtier_backing_degraded 1`); a successful write-back
+    /// after the fault clears makes it `ok` again.
+    #[test]
+    fn a_failing_backing_store_shows_as_degraded() {
+        use flashtier_io::{Fault, FaultDev};
+        let backing = Arc::new(FaultDev::new(Arc::new(MemDev::new(8 << 20))));
+        let (c, dev) = cached_on(backing.clone(), None);
+        dev.write_at(&[7u8; 64 << 10], 0, false).unwrap();
+        backing.add(Fault::FailWritesFrom(1));
+        let cache = c.cache().unwrap();
+        assert!(cache.write_back_all().is_err());
+        let r = c.report();
+        assert!(
+            r.status
+                .health
+                .starts_with("degraded: backing store write failed"),
+            "{}",
+            r.status.health
+        );
+        assert!(r.to_stats_text().contains("\nhealth degraded: "));
+        let prom = r.to_prometheus();
+        assert!(prom.contains("\nflashtier_backing_degraded 1\n"), "{prom}");
+        assert!(prom.contains("\nflashtier_healthy 0\n"), "{prom}");
+        assert_eq!(r.status.cache_status.as_ref().unwrap().dirty_blocks, 16);
+
+        backing.clear();
+        assert_eq!(cache.write_back_all().unwrap(), 16);
+        let r = c.report();
+        assert_eq!(r.status.health, "ok");
+        let prom = r.to_prometheus();
+        assert!(prom.contains("\nflashtier_backing_degraded 0\n"), "{prom}");
+        assert!(prom.contains("\nflashtier_healthy 1\n"), "{prom}");
     }
 
     #[test]

@@ -105,6 +105,15 @@ impl Report {
             if s.health == "ok" { 1.0 } else { 0.0 },
         );
         o.gauge(
+            "flashtier_backing_degraded",
+            "1 while the backing store is failing (dirty data kept, write-back retried), else 0",
+            if s.health.starts_with("degraded") {
+                1.0
+            } else {
+                0.0
+            },
+        );
+        o.gauge(
             "flashtier_uptime_seconds",
             "Seconds since the server started",
             s.uptime_secs as f64,

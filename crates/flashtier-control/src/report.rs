@@ -105,7 +105,8 @@ pub struct StatusReport {
     pub cache: bool,
     /// The cache mode; null without a cache.
     pub mode: Option<String>,
-    /// `ok`, or what failed.
+    /// `ok`; `degraded: <reason>` while the backing store fails (dirty data kept, write-back
+    /// retried); `failed: ...` once the cache device failed.
     pub health: String,
     pub uptime_secs: u64,
     /// The cache's figures; absent without a cache.

@@ -34,6 +34,7 @@ use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 use crate::cleaner;
 use crate::engine::{self, Engine, OpenReport};
 use crate::guards::BusyRange;
+use crate::health::BackingOp;
 use crate::layout::batch::Kind;
 use crate::layout::superblock::BackingIdentity;
 use crate::log::{Record, Writer};
@@ -94,7 +95,12 @@ pub struct Status {
     pub capacity_blocks: u64,
     pub index_bytes: usize,
     pub atomic_write_bytes: u32,
+    /// The cache device failed: the log refuses writes until restarted.
     pub failed: bool,
+    /// Why the volume is degraded while the backing store fails (the last backing error, when,
+    /// and how many write-back attempts failed in a row); `None` while it works. Dirty data is
+    /// kept meanwhile and write-back is retried with backoff.
+    pub backing_degraded: Option<String>,
 }
 
 pub struct Cache {
@@ -235,6 +241,7 @@ impl Cache {
             index_bytes: st.index.memory_bytes(),
             atomic_write_bytes: self.e.atomic_bytes,
             failed: self.e.log.failed(),
+            backing_degraded: self.e.backing_health.reason(),
         }
     }
 
@@ -385,7 +392,8 @@ impl Cache {
         let bs = self.block_size();
         e.backing
             .read_at(buf, lba * bs)
-            .inspect_err(|_| Stats::add(&e.stats.backing_errors, 1))?;
+            .inspect_err(|err| e.backing_failed(BackingOp::Read, err))?;
+        e.backing_health.read_succeeded();
         Stats::add(&e.stats.backing_reads, 1);
         Stats::add(&e.stats.backing_read_bytes, buf.len() as u64);
         Stats::add(&e.stats.read_miss_blocks, n);
@@ -544,7 +552,8 @@ impl Cache {
         let e = &*self.e;
         e.backing
             .write_at(buf, offset, fua)
-            .inspect_err(|_| Stats::add(&e.stats.backing_errors, 1))?;
+            .inspect_err(|err| e.backing_failed(BackingOp::Write, err))?;
+        e.backing_health.write_succeeded();
         Stats::add(&e.stats.backing_writes, 1);
         Stats::add(&e.stats.backing_write_bytes, buf.len() as u64);
         if !fua {
@@ -848,7 +857,8 @@ impl BlockDev for Cache {
             let _order = e.backing_order.read();
             e.backing
                 .write_zeroes(first * bs, n * bs, opts)
-                .inspect_err(|_| Stats::add(&e.stats.backing_errors, 1))?;
+                .inspect_err(|err| e.backing_failed(BackingOp::Write, err))?;
+            e.backing_health.write_succeeded();
             if !opts.fua {
                 e.backing_unflushed.store(true, Ordering::Release);
                 busy.written_unflushed();
@@ -903,7 +913,7 @@ impl Cache {
         if self.mode() == Mode::PassThrough || offset >= tail {
             Stats::add(&e.stats.backing_reads, 1);
             Stats::add(&e.stats.backing_read_bytes, buf.len() as u64);
-            return e.backing.read_at(buf, offset);
+            return self.backing_read(buf, offset);
         }
         let promote = match e.tunables.sequential_cutoff_read_bytes() {
             _ if prefetch => Promote::All,
@@ -917,10 +927,20 @@ impl Cache {
             let (cached, rest) = buf.split_at_mut(split);
             Stats::add(&e.stats.backing_reads, 1);
             Stats::add(&e.stats.backing_read_bytes, rest.len() as u64);
-            e.backing.read_at(rest, tail)?;
+            self.backing_read(rest, tail)?;
             return self.read_at_cached(cached, offset, promote);
         }
         self.read_at_cached(buf, offset, promote)
+    }
+
+    /// Reads the backing store directly (pass-through, the uncached tail).
+    fn backing_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let e = &*self.e;
+        e.backing
+            .read_at(buf, offset)
+            .inspect_err(|err| e.backing_failed(BackingOp::Read, err))?;
+        e.backing_health.read_succeeded();
+        Ok(())
     }
 
     /// A client write; `past_cutoff`: it continued a sequential stream past the write cutoff.

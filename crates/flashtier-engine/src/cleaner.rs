@@ -29,6 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use flashtier_io::AlignedBuf;
 
 use crate::engine::Engine;
+use crate::health::BackingOp;
 use crate::layout::batch::Kind;
 use crate::log::Record;
 use crate::state::State;
@@ -66,7 +67,27 @@ pub(crate) fn clean_pass(
         return Ok(0);
     }
     e.log.sync(true)?;
+    let backing_errors = e.stats.backing_errors.load(Ordering::Relaxed);
+    let result = write_back(e, &blocks, &generations, cancel);
+    match &result {
+        Ok(n) if *n > 0 => e.backing_health.write_succeeded(),
+        Ok(_) => {}
+        // Only backing failures count (a cache read error is the cache device's).
+        Err(_) if e.stats.backing_errors.load(Ordering::Relaxed) != backing_errors => {
+            e.backing_health.writeback_failed()
+        }
+        Err(_) => {}
+    }
+    result
+}
 
+/// Steps 2 to 4 of a pass (see the module's documentation).
+fn write_back(
+    e: &Engine,
+    blocks: &[DirtyBlock],
+    generations: &[u64],
+    cancel: Option<&AtomicBool>,
+) -> io::Result<u64> {
     let bs = e.geo.block_size as u64;
     let per_write = (MAX_BACKING_WRITE / bs).max(1) as usize;
     let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Acquire));
@@ -82,7 +103,7 @@ pub(crate) fn clean_pass(
         read_slots(e, run, &mut buf)?;
         e.backing
             .write_at(&buf, run[0].lba * bs, false)
-            .inspect_err(|_| Stats::add(&e.stats.backing_errors, 1))?;
+            .inspect_err(|err| e.backing_failed(BackingOp::Write, err))?;
         Stats::add(&e.stats.backing_writes, 1);
         Stats::add(&e.stats.backing_write_bytes, buf.len() as u64);
         Stats::add(&e.stats.cleaner_writes, 1);

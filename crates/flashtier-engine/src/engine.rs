@@ -8,6 +8,7 @@ use flashtier_io::{AlignedBuf, BlockDev};
 use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::guards::Guards;
+use crate::health::{BackingHealth, BackingOp};
 use crate::layout::batch::BatchHeader;
 use crate::layout::checkpoint::Checkpoint;
 use crate::layout::superblock::{BackingIdentity, Superblock};
@@ -68,6 +69,8 @@ pub struct Engine {
     pub(crate) cached_blocks: u64,
     /// Bytes of the largest single record.
     pub(crate) atomic_bytes: u32,
+    /// Whether the backing store is failing (see `health`).
+    pub(crate) backing_health: BackingHealth,
 }
 
 #[derive(Default)]
@@ -113,6 +116,13 @@ impl Engine {
     /// Reclaim stops once this many segments are free or waiting for a checkpoint.
     pub(crate) fn reclaim_target(&self) -> usize {
         self.reclaim_low_water() + 1 + self.geo.segment_count as usize / 64
+    }
+
+    /// Counts and records a backing store error (which degrades the volume until the backing
+    /// store works again).
+    pub(crate) fn backing_failed(&self, op: BackingOp, err: &std::io::Error) {
+        Stats::add(&self.stats.backing_errors, 1);
+        self.backing_health.failed(op, err);
     }
 
     pub(crate) fn wake_reclaim(&self) {
@@ -320,6 +330,7 @@ pub(crate) fn open_engine(
         reclaim_cv: Condvar::new(),
         cached_blocks: sb.backing.size / geo.block_size as u64,
         atomic_bytes,
+        backing_health: BackingHealth::default(),
     };
     let start = LogStart {
         next_seq: recovered.next_seq,
@@ -347,7 +358,7 @@ pub(crate) fn flush_backing(e: &Engine) -> std::io::Result<()> {
     let began = e.guards.flush_begins();
     e.backing
         .flush()
-        .inspect_err(|_| Stats::add(&e.stats.backing_errors, 1))?;
+        .inspect_err(|err| e.backing_failed(BackingOp::Flush, err))?;
     Stats::add(&e.stats.backing_flushes, 1);
     e.guards.flushed(began);
     Ok(())

@@ -36,6 +36,7 @@ pub mod cache;
 pub mod cleaner;
 pub mod engine;
 pub mod guards;
+pub mod health;
 pub mod index;
 pub mod layout;
 pub mod log;

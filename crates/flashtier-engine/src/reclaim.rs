@@ -10,6 +10,9 @@
 //! whose dirty blocks would have to be written back gives way to the sparsest segment if that
 //! one's can be copied instead. The victim is then
 //! quarantined until a checkpoint no longer references it.
+//!
+//! A failed round (e.g. the backing store refuses write-back) is retried after an exponential
+//! backoff, 100 ms doubling to 5 s, reset by a round that succeeds; dirty blocks stay meanwhile.
 
 use std::io;
 use std::sync::Arc;
@@ -24,8 +27,10 @@ use crate::log::{Record, RESERVE};
 use crate::policy::ReclaimPolicy;
 use crate::stats::Stats;
 
-/// How long reclaim waits before retrying after an error (e.g. the backing store failed).
-const RETRY_AFTER_ERROR: Duration = Duration::from_secs(1);
+/// How long reclaim waits before its first retry after an error (e.g. the backing store
+/// failed a write-back); each further failure in a row doubles the wait, up to `MAX_BACKOFF`.
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
 pub(crate) fn spawn(e: Arc<Engine>) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
@@ -35,6 +40,7 @@ pub(crate) fn spawn(e: Arc<Engine>) -> std::thread::JoinHandle<()> {
 }
 
 fn run(e: &Engine) {
+    let mut backoff = FIRST_BACKOFF;
     loop {
         {
             let mut ctl = e.reclaim.lock();
@@ -46,12 +52,40 @@ fn run(e: &Engine) {
             }
             ctl.wake = false;
         }
-        if let Err(err) = reclaim_until_target(e) {
-            tracing::warn!(error = %err, "reclaim failed; retrying");
-            e.log.reclaim_failed(&err);
-            std::thread::sleep(RETRY_AFTER_ERROR);
+        match reclaim_until_target(e) {
+            Ok(()) => backoff = FIRST_BACKOFF,
+            Err(err) => {
+                let backing = e.backing_health.is_degraded();
+                tracing::warn!(
+                    error = %err,
+                    retry_in_ms = backoff.as_millis() as u64,
+                    backing_degraded = backing,
+                    "reclaim failed; dirty data kept, retrying"
+                );
+                e.log.reclaim_failed(&err);
+                if backing {
+                    Stats::add(&e.stats.writeback_retries, 1);
+                }
+                if !sleep_unless_stopped(e, backoff) {
+                    return;
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
         }
     }
+}
+
+/// Waits `d` (wake-ups do not cut it short: that is what the backoff is for); false if reclaim
+/// was stopped meanwhile.
+fn sleep_unless_stopped(e: &Engine, d: Duration) -> bool {
+    let deadline = std::time::Instant::now() + d;
+    let mut ctl = e.reclaim.lock();
+    while !ctl.stop {
+        if e.reclaim_cv.wait_until(&mut ctl, deadline).timed_out() {
+            return true;
+        }
+    }
+    false
 }
 
 fn needs_reclaim(e: &Engine) -> bool {

@@ -67,6 +67,9 @@ counters! {
     cleaned_blocks,
     /// Writes to the backing store by the cleaner (after coalescing).
     cleaner_writes,
+    /// Times reclaim retried after a write-back failed on the backing store (with backoff; the
+    /// dirty blocks stay in the cache).
+    writeback_retries,
     /// Log batches written to the cache device.
     batches,
     /// Records in those batches.

@@ -22,7 +22,9 @@
 //! stays dirty and readable, a retry after the fault clears succeeds); writes blocked waiting
 //! for log space fail instead of hanging once the log has failed; with promotions waiting for
 //! space that reclaim cannot free, a close finishes (keeping every dirty block), and a dead
-//! cache device makes FLUSH fail and a drop finish.
+//! cache device makes FLUSH fail and a drop finish; a backing store failing writes for a while
+//! degrades the volume (reason in `status`, reclaim retries with backoff, dirty data kept and
+//! readable) until a write-back succeeds, and a failed read miss reaches the client as EIO.
 //!
 //! A run that hangs (a request that never completes after a fault) is a failure.
 //!
@@ -704,11 +706,13 @@ fn blocked_writes_fail_when_the_log_fails() {
     );
 }
 
-/// A cache whose backing store fails every write, filled with dirty data down to the reclaim
-/// reserve, then read-missed so promotions queue up waiting for space that reclaim cannot free.
-fn full_cache_with_blocked_promotions(d: &Devices) -> Cache {
+/// A write-back cache (healthy until then) whose backing store now fails every write, filled
+/// with dirty data (`pattern(lba, ..)` from block 0) down to the reclaim low-water mark; with
+/// the blocks written.
+fn full_cache_failing_writes(d: &Devices) -> (Cache, u64) {
     format_small(&*d.cache_fault, BACKING, Mode::WriteBack);
     let c = open(d.cache_fault.clone(), d.backing_fault.clone(), None).unwrap();
+    assert_eq!(c.status().backing_degraded, None);
     d.backing_fault.add(Fault::FailWritesFrom(1));
     let mut lba = 0u64;
     while c.status().free_segments > 3 {
@@ -716,6 +720,13 @@ fn full_cache_with_blocked_promotions(d: &Devices) -> Cache {
             .unwrap();
         lba += 8;
     }
+    (c, lba)
+}
+
+/// A cache whose backing store fails every write, filled with dirty data down to the reclaim
+/// reserve, then read-missed so promotions queue up waiting for space that reclaim cannot free.
+fn full_cache_with_blocked_promotions(d: &Devices) -> Cache {
+    let (c, _) = full_cache_failing_writes(d);
     let mut buf = vec![0u8; 64 * BS as usize];
     for i in 0..8u64 {
         c.read_at(&mut buf, (512 + i * 64) * BS).unwrap();
@@ -763,4 +774,95 @@ fn a_dead_cache_device_fails_flush_and_drop_finishes() {
         with_timeout(10, move || drop(c)).is_some(),
         "dropping the cache hung after its device died"
     );
+}
+
+/// The backing store fails writes for a while (like nbdkit's `error` filter): the volume reports
+/// itself degraded with the reason, reclaim keeps the dirty blocks and retries with backoff
+/// (counted), they read back correctly meanwhile, and once the fault clears a retry writes them
+/// back and health returns to ok. A read miss the backing store fails reaches the client as EIO.
+#[test]
+fn a_failing_backing_store_degrades_the_volume_until_it_recovers() {
+    let d = devices(Inject::None);
+    // Reclaim must write victims back, and cannot.
+    let (c, written) = full_cache_failing_writes(&d);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while c.stats().writeback_retries < 3 && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = c.status();
+    let retries = c.stats().writeback_retries;
+    assert!(retries >= 3, "reclaim retried {retries} times: {st:?}");
+    // 100 + 200 ms of backoff before the third retry, well under the old fixed 1 s each.
+    let reason = st
+        .backing_degraded
+        .clone()
+        .expect("the volume must be degraded");
+    assert!(
+        reason.contains("backing store write failed") && reason.contains("Input/output error"),
+        "{reason}"
+    );
+    assert!(
+        reason.contains("write-back attempts failed in a row"),
+        "{reason}"
+    );
+    assert_eq!(st.dirty_blocks, written, "dirty blocks dropped: {st:?}");
+    // Backoff: retries do not spin (the next waits are 400 ms, 800 ms, ...).
+    std::thread::sleep(Duration::from_millis(700));
+    let later = c.stats().writeback_retries;
+    assert!(
+        later <= retries + 3,
+        "{retries} then {later} retries: no backoff"
+    );
+    for at in (0..written).step_by(8) {
+        let mut b = vec![0u8; 8 * BS as usize];
+        c.read_at(&mut b, at * BS).unwrap();
+        assert!(
+            b == pattern(at, b.len()),
+            "block {at} unreadable while degraded"
+        );
+    }
+    assert!(
+        c.status().backing_degraded.is_some(),
+        "reads must not hide a write failure"
+    );
+
+    // The fault clears: reclaim's next retry (within its backoff, at most 5 s) writes back.
+    d.backing_fault.clear();
+    let deadline = std::time::Instant::now() + Duration::from_secs(8);
+    while c.status().backing_degraded.is_some() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let st = c.status();
+    assert_eq!(
+        st.backing_degraded, None,
+        "still degraded after the fault cleared"
+    );
+    assert!(st.dirty_blocks < written, "nothing written back: {st:?}");
+    assert!(c.stats().cleaned_blocks > 0);
+    c.write_back_all().unwrap();
+    assert_eq!(c.status().dirty_blocks, 0);
+    let durable = d.backing_fault.inner().inner().snapshot_durable();
+    for at in (0..written).step_by(8) {
+        let at_b = (at * BS) as usize;
+        assert!(
+            durable[at_b..at_b + 8 * BS as usize] == pattern(at, 8 * BS as usize)[..],
+            "block {at} not written back"
+        );
+    }
+
+    // A read miss the backing store fails: EIO to the client (and degraded until a read works).
+    let miss = BACKING - 64 * BS;
+    d.backing_fault.add(Fault::FailReads {
+        offset: miss,
+        len: 8 * BS,
+    });
+    let mut b = vec![0u8; 8 * BS as usize];
+    let err = c.read_at(&mut b, miss).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(libc::EIO), "{err}");
+    let reason = c.status().backing_degraded.expect("a failed read degrades");
+    assert!(reason.contains("backing store read failed"), "{reason}");
+    d.backing_fault.clear();
+    c.read_at(&mut b, miss).unwrap();
+    assert_eq!(c.status().backing_degraded, None);
+    c.close().unwrap();
 }
