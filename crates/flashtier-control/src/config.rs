@@ -10,7 +10,6 @@
 //! [`SERVE_KEYS`] and [`PARAMS`] document every key; [`example`] renders them as the repository's
 //! `flashtier.example.toml` (a test keeps the two equal).
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
@@ -315,11 +314,12 @@ pub fn persist(path: &Path, name: &str, value: &str) -> Result<(), ConfigError> 
         }
     };
     let new = set_in_text(path, old.as_deref().unwrap_or(""), name, value)?;
-    write_atomically(path, new.as_bytes()).map_err(|source| ConfigError::Io {
-        path: path.to_path_buf(),
-        action: "write config file",
-        source,
-    })
+    crate::atomic_file::replace(path, new.as_bytes(), crate::atomic_file::Durability::Synced)
+        .map_err(|source| ConfigError::Io {
+            path: path.to_path_buf(),
+            action: "write config file",
+            source,
+        })
 }
 
 /// [`persist`] without the I/O: `text` with `name` set to `value`. The result is validated as a
@@ -379,38 +379,6 @@ pub fn set_in_text(
     let new = doc.to_string();
     parse(path, &new)?;
     Ok(new)
-}
-
-/// Writes `data` to `path` through a temporary file in the same directory, synced and renamed
-/// over it (keeping the old file's permissions), then syncs the directory.
-fn write_atomically(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let file_name = path
-        .file_name()
-        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not a file name"))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        file_name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        if let Ok(meta) = std::fs::metadata(path) {
-            f.set_permissions(meta.permissions())?;
-        }
-        f.write_all(data)?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(&dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }
 
 /// A [`ParamError`] without the parameter's name (the error already names the key).

@@ -32,10 +32,11 @@
 //! Modules, one job each: [`histogram`], [`timed`], [`windows`], [`report`] (the types),
 //! [`render`] (status, table, stats text), [`prometheus`], [`controller`], [`protocol`],
 //! [`server`] (control socket), [`client`] (for the CLI), [`metrics`] (HTTP), `acceptor` (the
-//! accept loop both listeners share), [`statsfile`],
+//! accept loop both listeners share), `atomic_file` (replacing a file whole), [`statsfile`],
 //! [`plane`] (starts and stops them together), [`config`] (the TOML config file).
 
 mod acceptor;
+mod atomic_file;
 pub mod client;
 pub mod config;
 pub mod controller;

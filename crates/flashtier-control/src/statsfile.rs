@@ -1,9 +1,10 @@
 //! The cat-able stats file: `PATH` (`name value` lines) and `PATH.json` (the report), both
 //! replaced atomically (temp file + rename), so a reader never sees half a file.
 
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
+use crate::atomic_file::{replace, Durability};
 use crate::report::Report;
 
 pub struct StatsFile {
@@ -35,10 +36,14 @@ impl StatsFile {
 
     /// Writes both files from one report, so their numbers agree.
     pub fn write(&self, report: &Report) -> io::Result<()> {
-        write_atomic(&self.text, report.to_stats_text().as_bytes())?;
+        replace(
+            &self.text,
+            report.to_stats_text().as_bytes(),
+            Durability::Volatile,
+        )?;
         let mut json = serde_json::to_vec_pretty(report).map_err(io::Error::other)?;
         json.push(b'\n');
-        write_atomic(&self.json, &json)
+        replace(&self.json, &json, Durability::Volatile)
     }
 
     /// Removes both files (on shutdown: a file that stopped changing would mislead a monitor).
@@ -47,18 +52,6 @@ impl StatsFile {
             let _ = std::fs::remove_file(p);
         }
     }
-}
-
-/// Replaces `path` with `bytes` through a temp file in the same directory and a rename. No
-/// fsync: the file is rewritten every second and worthless after a crash.
-fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let mut name = path.file_name().unwrap_or_default().to_owned();
-    name.push(".tmp");
-    let tmp = path.with_file_name(name);
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    drop(f);
-    std::fs::rename(&tmp, path)
 }
 
 #[cfg(test)]
