@@ -198,22 +198,20 @@ impl Cache {
 
     /// Writes every dirty block back to the backing store; returns how many.
     pub fn write_back_all(&self) -> io::Result<u64> {
-        let n = self.e.geo.slot_count();
-        cleaner::clean_pass(&self.e, |st| cleaner::all_dirty(st, n), None)
+        cleaner::write_back_all(&self.e, None)
     }
 
-    /// A manual flush: writes back every block dirty when it starts (one cleaning pass: sorted,
+    /// A manual flush: writes back every block dirty when it starts (cleaning passes: sorted,
     /// coalesced, the backing store flushed before blocks are marked clean) and then flushes
     /// the backing store for writes that went around the cache, so that when it returns `Ok`
     /// the backing store durably holds everything written before the call. Blocks rewritten
-    /// meanwhile stay dirty. Returns the blocks written back.
+    /// meanwhile may stay dirty. Returns the blocks written back.
     ///
     /// Setting `cancel` stops the pass before its next backing write: what was written is
     /// flushed and marked clean, the rest stays dirty (and safe in the cache), and it returns
     /// the blocks written so far.
     pub fn write_back_all_cancellable(&self, cancel: &AtomicBool) -> io::Result<u64> {
-        let n = self.e.geo.slot_count();
-        let written = cleaner::clean_pass(&self.e, |st| cleaner::all_dirty(st, n), Some(cancel))?;
+        let written = cleaner::write_back_all(&self.e, Some(cancel))?;
         if !cancel.load(Ordering::Acquire) {
             self.flush_backing_if_written()?;
         }

@@ -197,6 +197,45 @@ pub(crate) fn read_slots(e: &Engine, run: &[DirtyBlock], buf: &mut [u8]) -> io::
     Ok(())
 }
 
+/// Passes over what stayed dirty after a full write-back, at most: see [`write_back_all`].
+const WRITE_BACK_ALL_RETRIES: usize = 3;
+
+/// Writes back every block dirty when it starts; returns the blocks written back.
+///
+/// Reclaim may copy a dirty block forward while a pass writes it back: the backing store then
+/// has its data, but the pass cannot mark the copy clean (it lives in another slot now, and a
+/// newer write would look the same). So the blocks of the first pass still dirty afterwards are
+/// passed over again, a few times at most; each retry covers only those, and it stops early
+/// when one finds nothing (or on `cancel`).
+pub(crate) fn write_back_all(e: &Engine, cancel: Option<&AtomicBool>) -> io::Result<u64> {
+    let slots = e.geo.slot_count();
+    let mut chosen: Vec<u64> = Vec::new();
+    let mut written = clean_pass(
+        e,
+        |st| {
+            let blocks = all_dirty(st, slots);
+            chosen = blocks.iter().map(|b| b.lba).collect();
+            blocks
+        },
+        cancel,
+    )?;
+    for _ in 0..WRITE_BACK_ALL_RETRIES {
+        if cancel.is_some_and(|c| c.load(Ordering::Acquire)) {
+            break;
+        }
+        let again = clean_pass(
+            e,
+            |st| chosen.iter().filter_map(|&lba| dirty_at(st, lba)).collect(),
+            cancel,
+        )?;
+        if again == 0 {
+            break;
+        }
+        written += again;
+    }
+    Ok(written)
+}
+
 /// Every dirty block.
 pub(crate) fn all_dirty(st: &crate::state::State, slot_count: u32) -> Vec<DirtyBlock> {
     st.index
