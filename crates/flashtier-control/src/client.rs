@@ -5,7 +5,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::controller::ParamRow;
+use crate::controller::{Attached, ParamRow};
 use crate::protocol::{NameValue, Request, Response};
 use crate::report::Report;
 
@@ -153,5 +153,27 @@ impl Client {
 
     pub fn reset_stats(&mut self) -> Result<(), ClientError> {
         self.call(&Request::ResetStats).map(drop)
+    }
+
+    /// Starts detaching the cache; returns its dirty blocks as it started.
+    pub fn detach(&mut self, force: bool) -> Result<u64, ClientError> {
+        let v = self.call(&Request::Detach { force })?;
+        v.get("dirty_blocks")
+            .and_then(|m| m.as_u64())
+            .ok_or_else(|| self.protocol("no dirty_blocks in the answer"))
+    }
+
+    /// Attaches a cache (`cache`: a device; `None`: the one detached).
+    pub fn attach(
+        &mut self,
+        cache: Option<&str>,
+        mode: Option<&str>,
+        force: bool,
+    ) -> Result<Attached, ClientError> {
+        self.call_as(&Request::Attach {
+            cache: cache.map(str::to_string),
+            mode: mode.map(str::to_string),
+            force,
+        })
     }
 }

@@ -696,6 +696,16 @@ sequential_cutoff_write_kib = "512"
 promotion = "nhit"
 promotion_nhit = 3
 promotion_window_secs = 60
+writeback_controller = "off"
+writeback_dirty_target_pct = 20
+writeback_dirty_high_pct = 80
+writeback_dirty_low_pct = 40
+writeback_max_age_secs = 30
+writeback_idle_delay_ms = 500
+writeback_rate_max_kib = 2048
+writeback_order = "lru"
+writeback_max_inflight = 8
+writeback_max_io_kib = 512
 "#;
 
     #[test]
@@ -733,6 +743,16 @@ promotion_window_secs = 60
                 ("promotion", "nhit"),
                 ("promotion_nhit", "3"),
                 ("promotion_window_secs", "60"),
+                ("writeback_controller", "off"),
+                ("writeback_dirty_target_pct", "20"),
+                ("writeback_dirty_high_pct", "80"),
+                ("writeback_dirty_low_pct", "40"),
+                ("writeback_max_age_secs", "30"),
+                ("writeback_idle_delay_ms", "500"),
+                ("writeback_rate_max_kib", "2048"),
+                ("writeback_order", "lru"),
+                ("writeback_max_inflight", "8"),
+                ("writeback_max_io_kib", "512"),
             ]
         );
         // Every key the tables document is in this test's file.
@@ -769,6 +789,16 @@ promotion_window_secs = 60
             ("promotion", "nhit"),
             ("promotion_nhit", "255"),
             ("promotion_window_secs", "86400"),
+            ("writeback_controller", "off"),
+            ("writeback_dirty_target_pct", "100"),
+            ("writeback_dirty_high_pct", "1"),
+            ("writeback_dirty_low_pct", "99"),
+            ("writeback_max_age_secs", "86400"),
+            ("writeback_idle_delay_ms", "3600000"),
+            ("writeback_rate_max_kib", "16777216"),
+            ("writeback_order", "lru"),
+            ("writeback_max_inflight", "64"),
+            ("writeback_max_io_kib", "16384"),
         ];
         assert_eq!(values.len(), PARAMS.len(), "a parameter is missing here");
         let mut text = String::new();

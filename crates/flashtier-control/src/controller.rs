@@ -5,14 +5,22 @@
 //! counters going backwards under it), the window history, the latency baselines and the
 //! background mode-switch job. A server without a cache (pass-through) still reports its device,
 //! health and latencies; anything that needs a cache fails with [`ControlError::NoCache`].
+//!
+//! The cache can come and go while the server runs (`flashtier detach` / `attach`, see
+//! [`DetachOptions`]): the exported [`Switchable`] is swapped between the cache and the backing
+//! store, and the engine counters of every released cache are kept as an offset added to the
+//! next one's, so the counters the windows sample never go backwards.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use flashtier_engine::{tunables, Cache, Mode, ParamError};
+use flashtier_engine::{
+    format, read_superblock, tunables, BackingIdentity, Cache, EngineError, FormatError,
+    FormatOptions, Mode, ParamError, ReleaseError,
+};
 use flashtier_io::BlockDev;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
 use crate::histogram::HistSnapshot;
@@ -20,6 +28,7 @@ use crate::report::{
     read_hit_pct, write_hit_pct, CacheStatus, Derived, JobReport, LatencyReport, Ordered, Report,
     StatusReport, Wear,
 };
+use crate::switch::Switchable;
 use crate::timed::{Latencies, Op};
 use crate::windows::{Counters, Sampler, TOTAL};
 
@@ -27,6 +36,14 @@ use crate::windows::{Counters, Sampler, TOTAL};
 /// mode). `serve` passes `config::persist` bound to the file's path.
 pub type PersistFn =
     Box<dyn Fn(&str, &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> + Send + Sync>;
+
+/// Opens a cache device named by `flashtier attach --cache PATH` (`serve` passes the function
+/// it opens `--cache` with).
+pub type OpenDeviceFn = Box<
+    dyn Fn(&str) -> Result<Arc<dyn BlockDev>, Box<dyn std::error::Error + Send + Sync>>
+        + Send
+        + Sync,
+>;
 
 /// The values `mode` accepts, as shown in errors and `get --all`.
 pub const MODES: &str = "writeback | writethrough | writearound | passthrough";
@@ -36,9 +53,30 @@ pub const MODES: &str = "writeback | writethrough | writearound | passthrough";
 pub enum ControlError {
     #[error(
         "no cache: this server exports its backing store as is (pass-through), so it has no \
-         parameters or modes; start `flashtier serve` with --cache to use them"
+         parameters or modes; `flashtier attach --cache PATH` adds one (or start `flashtier \
+         serve` with --cache)"
     )]
     NoCache,
+    #[error("the cache is detached; `flashtier attach` brings it back")]
+    Detached,
+    #[error("this server cannot detach or attach a cache")]
+    NotDetachable,
+    #[error("a cache is attached already (`flashtier detach` first)")]
+    Attached,
+    #[error(
+        "no cache was detached from this server, so there is none to bring back; name one with \
+         `flashtier attach --cache PATH`"
+    )]
+    NothingToAttach,
+    #[error(
+        "{path} holds another flashtier cache (for backing store '{backing}'), not the one \
+         detached from this server; it may hold dirty data no backing store has yet. To keep \
+         it, serve it with its own backing store in passthrough mode first (which writes it \
+         back); to format it for this backing store anyway, pass --force"
+    )]
+    ForeignCache { path: String, backing: String },
+    #[error("cannot attach {path}: {cause}")]
+    Attach { path: String, cause: String },
     #[error(transparent)]
     Param(#[from] ParamError),
     #[error("invalid value '{0}' for mode: allowed {MODES}")]
@@ -81,6 +119,82 @@ pub struct ControllerOptions {
     pub endurance_tbw: Option<f64>,
     /// How to persist a setting; `None` when the server has no config file.
     pub persist: Option<PersistFn>,
+    /// What detach and attach need; `None`: they are refused.
+    pub detach: Option<DetachOptions>,
+}
+
+/// What `detach` and `attach` work with.
+pub struct DetachOptions {
+    /// The exported device (under [`crate::Timed`]), switched between cache and backing store.
+    pub export: Arc<Switchable>,
+    /// The backing store, served directly while no cache is attached.
+    pub backing: Arc<dyn BlockDev>,
+    pub identity: BackingIdentity,
+    /// Opens `attach --cache PATH`.
+    pub open_device: OpenDeviceFn,
+    /// Live parameters for an attached cache: the config file's `[policy]`, then `--set`.
+    pub policy: Vec<(String, String)>,
+    /// The mode of an attached cache when neither `attach --mode` nor a detached cache says
+    /// (`serve --mode`).
+    pub mode: Option<Mode>,
+}
+
+/// The result of `attach`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Attached {
+    /// The cache device, as it describes itself.
+    pub device: String,
+    pub mode: String,
+    pub capacity_bytes: u64,
+}
+
+/// What a running detach leaves for `attach`.
+struct Detached {
+    /// The released device (formatted empty), for `attach` without `--cache`.
+    device: Arc<dyn BlockDev>,
+    /// Its cache's uuid, when the release got as far as formatting it.
+    uuid: Option<[u8; 16]>,
+    /// The mode and live parameters the cache had.
+    mode: Mode,
+    params: Vec<(String, String)>,
+}
+
+/// The cache, if one is attached, and what detach left behind.
+#[derive(Default)]
+struct Attachment {
+    cache: Option<Arc<Cache>>,
+    detached: Option<Detached>,
+    /// The final engine counters of every released cache, added to the attached cache's.
+    offset: Counters,
+}
+
+impl Attachment {
+    /// The engine's counters, monotonic across detach and attach.
+    fn engine_counters(&self) -> Counters {
+        match &self.cache {
+            Some(cache) => add_counters(cache.stats().fields(), &self.offset),
+            None => self.offset.clone(),
+        }
+    }
+
+    fn state(&self) -> &'static str {
+        match (&self.cache, &self.detached) {
+            (Some(_), _) => "attached",
+            (None, Some(_)) => "detached",
+            (None, None) => "none",
+        }
+    }
+}
+
+/// `counters` plus `offset`, by name (names only in `offset` are kept too).
+fn add_counters(mut counters: Counters, offset: &Counters) -> Counters {
+    for &(name, v) in offset {
+        match counters.iter_mut().find(|c| c.0 == name) {
+            Some(c) => c.1 += v,
+            None => counters.push((name, v)),
+        }
+    }
+    counters
 }
 
 /// One row of `get --all`.
@@ -100,6 +214,8 @@ enum JobKind {
     Mode { from: Mode, to: Mode },
     /// `Cache::write_back_all_cancellable` (`flashtier flush`), in this mode.
     Flush { mode: Mode },
+    /// `flashtier detach`: write back (unless `force`), serve the backing store, release.
+    Detach { from: Mode, force: bool },
 }
 
 impl JobKind {
@@ -107,6 +223,8 @@ impl JobKind {
         match self {
             JobKind::Mode { from, to } => format!("mode {from} -> {to}"),
             JobKind::Flush { .. } => "flush".into(),
+            JobKind::Detach { force: false, .. } => "detach".into(),
+            JobKind::Detach { force: true, .. } => "detach --force (dirty data discarded)".into(),
         }
     }
 
@@ -115,14 +233,24 @@ impl JobKind {
         match self {
             JobKind::Mode { from, to } => format!("mode switch {from} -> {to}"),
             JobKind::Flush { .. } => "flush".into(),
+            JobKind::Detach { .. } => "detach".into(),
         }
     }
 
-    /// `kind`, `from` and `to` in the report (a flush keeps the mode).
-    fn names(&self) -> (&'static str, Mode, Mode) {
+    /// `kind`, `from` and `to` in the report (a flush keeps the mode; a detach ends detached).
+    fn names(&self) -> (&'static str, String, String) {
         match *self {
-            JobKind::Mode { from, to } => ("mode", from, to),
-            JobKind::Flush { mode } => ("flush", mode, mode),
+            JobKind::Mode { from, to } => ("mode", from.to_string(), to.to_string()),
+            JobKind::Flush { mode } => ("flush", mode.to_string(), mode.to_string()),
+            JobKind::Detach { from, .. } => ("detach", from.to_string(), "detached".into()),
+        }
+    }
+
+    fn thread_name(&self) -> &'static str {
+        match self {
+            JobKind::Mode { .. } => "flashtier-mode",
+            JobKind::Flush { .. } => "flashtier-flush",
+            JobKind::Detach { .. } => "flashtier-detach",
         }
     }
 }
@@ -141,7 +269,8 @@ struct Job {
 
 pub struct Controller {
     dev: Arc<dyn BlockDev>,
-    cache: Option<Arc<Cache>>,
+    att: Arc<RwLock<Attachment>>,
+    detach: Option<Arc<DetachOptions>>,
     lat: Arc<Latencies>,
     endurance_tbw: Option<f64>,
     persist: Option<PersistFn>,
@@ -157,7 +286,11 @@ impl Controller {
     pub fn new(opts: ControllerOptions) -> Controller {
         let c = Controller {
             dev: opts.dev,
-            cache: opts.cache,
+            att: Arc::new(RwLock::new(Attachment {
+                cache: opts.cache,
+                ..Attachment::default()
+            })),
+            detach: opts.detach.map(Arc::new),
             lat: opts.latencies,
             endurance_tbw: opts.endurance_tbw,
             persist: opts.persist,
@@ -173,24 +306,28 @@ impl Controller {
         c
     }
 
-    pub fn cache(&self) -> Option<&Arc<Cache>> {
-        self.cache.as_ref()
+    /// The cache attached now.
+    pub fn cache(&self) -> Option<Arc<Cache>> {
+        self.att.read().cache.clone()
     }
 
-    fn need_cache(&self) -> Result<&Arc<Cache>, ControlError> {
-        self.cache.as_ref().ok_or(ControlError::NoCache)
+    fn need_cache(&self) -> Result<Arc<Cache>, ControlError> {
+        let att = self.att.read();
+        match (&att.cache, &att.detached) {
+            (Some(c), _) => Ok(c.clone()),
+            (None, Some(_)) => Err(ControlError::Detached),
+            (None, None) => Err(ControlError::NoCache),
+        }
     }
 
     fn now_secs(&self) -> u64 {
         self.started.elapsed().as_secs()
     }
 
-    /// Every counter as it is now, monotonic: the engine's (with a cache) and the client side's.
+    /// Every counter as it is now, monotonic: the engine's (of every cache this server had)
+    /// and the client side's.
     fn raw_counters(&self) -> Counters {
-        let mut c = match &self.cache {
-            Some(cache) => cache.stats().fields(),
-            None => Vec::new(),
-        };
+        let mut c = self.att.read().engine_counters();
         c.extend(self.lat.counters());
         c
     }
@@ -240,7 +377,7 @@ impl Controller {
                 .collect(),
             latency: self.latency_report(),
             wear,
-            params: match &self.cache {
+            params: match self.cache() {
                 Some(c) => c.params().into_iter().map(|(p, v)| (p.name, v)).collect(),
                 None => Ordered::default(),
             },
@@ -251,7 +388,10 @@ impl Controller {
     }
 
     fn status_report(&self, now: u64) -> StatusReport {
-        let st = self.cache.as_ref().map(|c| c.status());
+        let (st, cache_state) = {
+            let att = self.att.read();
+            (att.cache.as_ref().map(|c| c.status()), att.state())
+        };
         let health = match &st {
             Some(s) if s.failed => "failed: the cache device failed; the cache refuses writes \
                                     until flashtier is restarted (see its log)"
@@ -266,6 +406,7 @@ impl Controller {
             device: self.dev.describe(),
             size_bytes: self.dev.info().size,
             cache: st.is_some(),
+            cache_state: cache_state.into(),
             mode: st.as_ref().map(|s| s.mode.to_string()),
             health,
             uptime_secs: now,
@@ -286,6 +427,7 @@ impl Controller {
                 index_bytes: s.index_bytes as u64,
                 atomic_write_bytes: s.atomic_write_bytes,
                 reclaim_policy: s.reclaim.to_string(),
+                writeback: (&s.writeback).into(),
             }),
         }
     }
@@ -318,7 +460,7 @@ impl Controller {
         let windows = self.wear_sampler.lock().windows(now, &written);
         let day = windows.iter().rev().find(|w| w.name != TOTAL);
         let written = written.first().map_or(0, |c| c.1);
-        let (bytes_per_day, days_to_rated_tbw) = match (day, &self.cache) {
+        let (bytes_per_day, days_to_rated_tbw) = match (day, self.cache()) {
             (Some(w), Some(_)) => {
                 let delta = w.deltas.first().map_or(0, |c| c.1);
                 forecast(delta, w.secs, written, self.endurance_tbw)
@@ -336,7 +478,7 @@ impl Controller {
     fn job_report(&self) -> Option<JobReport> {
         let job = self.job.lock();
         let j = job.as_ref()?;
-        let (dirty_now, backing_written, block_size) = match &self.cache {
+        let (dirty_now, backing_written, block_size) = match self.cache() {
             Some(c) => {
                 let st = c.status();
                 (
@@ -363,8 +505,8 @@ impl Controller {
         Some(JobReport {
             what: j.kind.what(),
             kind: kind.into(),
-            from: from.to_string(),
-            to: to.to_string(),
+            from,
+            to,
             done: j.finished.is_some(),
             cancelled: j.cancel.load(Ordering::Acquire),
             error,
@@ -490,9 +632,9 @@ impl Controller {
         &self,
         kind: JobKind,
         before: impl FnOnce() -> Result<(), ControlError>,
-        work: impl FnOnce(&Cache, &AtomicBool) -> std::io::Result<()> + Send + 'static,
+        work: impl FnOnce(&Arc<Cache>, &AtomicBool) -> std::io::Result<()> + Send + 'static,
     ) -> Result<(), ControlError> {
-        let cache = self.need_cache()?.clone();
+        let cache = self.need_cache()?;
         // Held until the job is in place, so two requests cannot both start one.
         let mut job = self.job.lock();
         if let Some(j) = job.as_ref().filter(|j| j.finished.is_none()) {
@@ -512,12 +654,8 @@ impl Controller {
         let what = kind.what();
         tracing::info!("{what} started");
         let slot = self.job.clone();
-        let thread = match kind {
-            JobKind::Mode { .. } => "flashtier-mode",
-            JobKind::Flush { .. } => "flashtier-flush",
-        };
         let spawned = std::thread::Builder::new()
-            .name(thread.into())
+            .name(kind.thread_name().into())
             .spawn(move || {
                 let result = work(&cache, &cancel);
                 match &result {
@@ -537,6 +675,150 @@ impl Controller {
         Ok(())
     }
 
+    /// Starts detaching the cache on a background thread and returns the dirty blocks it
+    /// holds now: unless `force`, every dirty block is written back and the cache switched to
+    /// pass-through (the report's `job` shows the progress, as for a mode switch); then the
+    /// export serves the backing store directly, once the requests in flight through the cache
+    /// are done, and the cache is released (closed, its device formatted empty). With `force`,
+    /// nothing is written back: the dirty blocks are discarded.
+    pub fn start_detach(&self, force: bool) -> Result<u64, ControlError> {
+        let d = self.detach.clone().ok_or(ControlError::NotDetachable)?;
+        let cache = self.need_cache()?;
+        let from = cache.mode();
+        let dirty = cache.status().dirty_blocks;
+        if force && dirty > 0 {
+            tracing::warn!(
+                dirty_blocks = dirty,
+                dirty_bytes = dirty * cache.status().block_size as u64,
+                "detach --force: the cache's dirty blocks will be discarded; the backing store \
+                 does not have these writes"
+            );
+        }
+        let att = self.att.clone();
+        self.start_job(
+            JobKind::Detach { from, force },
+            || Ok(()),
+            move |cache, _| detach(cache, force, &d, &att),
+        )?;
+        Ok(dirty)
+    }
+
+    /// Attaches a cache and serves through it from now on: the device `detach` released, or
+    /// `path` (opened as `serve --cache` opens it). The device is formatted empty for this
+    /// backing store first: whatever it held is stale, the backing store changed while no
+    /// cache was in front of it. A device holding another flashtier cache than the one detached
+    /// (it may hold someone's dirty data) is refused unless `force`. The mode is `mode`, else
+    /// the detached cache's, else the server's; the live parameters are the server's (config
+    /// file, `--set`), then those the detached cache had.
+    pub fn attach(
+        &self,
+        path: Option<&str>,
+        mode: Option<&str>,
+        force: bool,
+    ) -> Result<Attached, ControlError> {
+        let d = self.detach.clone().ok_or(ControlError::NotDetachable)?;
+        let mode = mode.map(parse_mode).transpose()?;
+        // No job may start (or run) meanwhile.
+        let job = self.job.lock();
+        if let Some(j) = job.as_ref().filter(|j| j.finished.is_none()) {
+            return Err(ControlError::Busy(j.kind.long_name()));
+        }
+        let mut att = self.att.write();
+        if att.cache.is_some() {
+            return Err(ControlError::Attached);
+        }
+        if d.backing.info().read_only {
+            return Err(ControlError::Attach {
+                path: path.unwrap_or("the cache").into(),
+                cause: "a cache needs a writable backing store, and this server serves it \
+                        read-only"
+                    .into(),
+            });
+        }
+        let (device, name) = match path {
+            Some(p) => {
+                let dev = (d.open_device)(p).map_err(|e| ControlError::Attach {
+                    path: p.into(),
+                    cause: e.to_string(),
+                })?;
+                (dev, p.to_string())
+            }
+            None => match &att.detached {
+                Some(det) => (det.device.clone(), det.device.describe()),
+                None => return Err(ControlError::NothingToAttach),
+            },
+        };
+        let attach_err = |cause: String| ControlError::Attach {
+            path: name.clone(),
+            cause,
+        };
+        let detached_uuid = att.detached.as_ref().and_then(|det| det.uuid);
+        let opts = match read_superblock(&*device) {
+            // The released device is this server's own, whatever a failed release left on it.
+            Ok(sb) if path.is_some() && Some(sb.uuid) != detached_uuid && !force => {
+                return Err(ControlError::ForeignCache {
+                    path: name,
+                    backing: sb.backing.name,
+                })
+            }
+            // Same geometry as before: a device sized for it.
+            Ok(sb) => FormatOptions {
+                block_size: sb.geometry.block_size,
+                segment_size: sb.geometry.segment_size,
+                mode: sb.default_mode,
+                reclaim: sb.reclaim,
+            },
+            Err(EngineError::Format(FormatError::NotACache)) => FormatOptions::default(),
+            Err(e @ EngineError::Format(_)) if !force => {
+                return Err(attach_err(format!(
+                    "{e}; pass --force to format it for this backing store anyway"
+                )))
+            }
+            Err(EngineError::Format(_)) => FormatOptions::default(),
+            Err(e) => return Err(attach_err(e.to_string())),
+        };
+        let mode = mode
+            .or(att.detached.as_ref().map(|det| det.mode))
+            .or(d.mode)
+            .unwrap_or(opts.mode);
+        format(&*device, d.identity.clone(), opts).map_err(|e| attach_err(e.to_string()))?;
+        let cache = Cache::open(device, d.backing.clone(), &d.identity, Some(mode))
+            .map_err(|e| attach_err(e.to_string()))?;
+        let carried = att.detached.iter().flat_map(|det| det.params.iter());
+        for (name, value) in d.policy.iter().chain(carried) {
+            if let Err(e) = cache.set_param(name, value) {
+                tracing::warn!("attach: parameter {name} = {value} not applied: {e}");
+            }
+        }
+        let cache = Arc::new(cache);
+        d.export.switch_to(cache.clone());
+        let st = cache.status();
+        let attached = Attached {
+            device: cache.describe(),
+            mode: st.mode.to_string(),
+            capacity_bytes: st.capacity_blocks * st.block_size as u64,
+        };
+        att.cache = Some(cache);
+        att.detached = None;
+        drop(att);
+        drop(job);
+        tracing::info!(
+            device = %attached.device,
+            mode = %attached.mode,
+            "cache attached (empty); the export serves through it"
+        );
+        Ok(attached)
+    }
+
+    /// Takes the attached cache out for shutdown (waiting for a detach that is releasing it):
+    /// the caller closes it.
+    pub fn take_cache(&self) -> Option<Arc<Cache>> {
+        let mut att = self.att.write();
+        let cache = att.cache.take()?;
+        att.offset = add_counters(cache.stats().fields(), &att.offset);
+        Some(cache)
+    }
+
     /// Whether a job (mode switch or flush) is still running (shutdown logs it: the cache keeps
     /// its dirty blocks safely, and the next start resumes in the mode the device records).
     pub fn job_running(&self) -> bool {
@@ -545,6 +827,68 @@ impl Controller {
             .as_ref()
             .is_some_and(|j| j.finished.is_none())
     }
+}
+
+/// The detach job: write back and switch to pass-through (unless `force`), serve the backing
+/// store, release the cache.
+fn detach(
+    cache: &Arc<Cache>,
+    force: bool,
+    d: &DetachOptions,
+    att: &RwLock<Attachment>,
+) -> std::io::Result<()> {
+    let from = cache.mode();
+    let params: Vec<(String, String)> = cache
+        .params()
+        .into_iter()
+        .map(|(p, v)| (p.name.to_string(), v))
+        .collect();
+    if !force {
+        // Writes everything back while the cache keeps serving; pass-through keeps nothing
+        // dirty from then on.
+        cache.set_mode(Mode::PassThrough)?;
+    }
+    // Held until the state says detached: a report never sees the cache gone but its
+    // counters not yet in the offset, and a shutdown waits for the release to finish.
+    let mut att = att.write();
+    if !att.cache.as_ref().is_some_and(|c| Arc::ptr_eq(c, cache)) {
+        // Taken for shutdown, which closed it: it stays as it is, safely.
+        return Err(std::io::Error::other("the server is shutting down"));
+    }
+    d.export.switch_to(d.backing.clone());
+    let device = cache.device();
+    let released = match cache.release(force) {
+        Err(e @ ReleaseError::Dirty { .. }) => {
+            // Something made a block dirty after the write-back: keep serving from the cache.
+            d.export.switch_to(cache.clone());
+            drop(att);
+            if let Err(e) = cache.set_mode(from) {
+                tracing::error!("detach: could not switch the cache back to {from}: {e}");
+            }
+            return Err(std::io::Error::other(e.to_string()));
+        }
+        r => r,
+    };
+    att.offset = add_counters(cache.stats().fields(), &att.offset);
+    att.cache = None;
+    att.detached = Some(Detached {
+        device,
+        uuid: released.as_ref().ok().map(|r| r.superblock.uuid),
+        mode: from,
+        params,
+    });
+    match released {
+        Ok(r) if r.discarded_blocks > 0 => tracing::warn!(
+            blocks = r.discarded_blocks,
+            "detached: dirty blocks discarded; the export serves the backing store"
+        ),
+        Ok(_) => tracing::info!("detached: the export serves the backing store"),
+        Err(e) => {
+            tracing::error!("detached, but releasing the cache failed: {e}");
+            return Err(std::io::Error::other(e.to_string()));
+        }
+    }
+    Ok(())
 }
 
 /// The engine's error, with `mode` among the known names (the control layer adds it).
@@ -639,8 +983,273 @@ pub(crate) mod tests {
             latencies: timed.latencies(),
             endurance_tbw: Some(600.0),
             persist,
+            detach: None,
         });
         (Arc::new(c), timed)
+    }
+
+    /// A write-back cache (as [`cached`]) served through a [`Switchable`], so it can be detached
+    /// and attached; `attach --cache spare` opens `spare` (a 16 MiB memory device). Returns the
+    /// backing store too.
+    fn detachable(spare: Arc<MemDev>) -> (Arc<Controller>, Arc<Timed>, Arc<MemDev>) {
+        let backing = Arc::new(MemDev::new(8 << 20));
+        let ident = BackingIdentity {
+            size: 8 << 20,
+            name: "test-backing".into(),
+        };
+        let dev: Arc<dyn BlockDev> = Arc::new(MemDev::new(16 << 20));
+        let opts = FormatOptions {
+            segment_size: 1 << 20,
+            ..Default::default()
+        };
+        format(&*dev, ident.clone(), opts).unwrap();
+        let cache = Arc::new(Cache::open(dev, backing.clone(), &ident, None).unwrap());
+        // As serve does with its [policy].
+        cache.set_param("promotion", "nhit").unwrap();
+        let export = Arc::new(Switchable::new(cache.clone()));
+        let timed = Arc::new(Timed::new(export.clone()));
+        let c = Controller::new(ControllerOptions {
+            dev: timed.clone(),
+            cache: Some(cache),
+            latencies: timed.latencies(),
+            endurance_tbw: None,
+            persist: None,
+            detach: Some(DetachOptions {
+                export,
+                backing: backing.clone(),
+                identity: ident,
+                open_device: Box::new(move |name: &str| match name {
+                    "spare" => Ok(spare.clone() as Arc<dyn BlockDev>),
+                    _ => Err(format!("no device {name}").into()),
+                }),
+                policy: vec![("promotion".into(), "nhit".into())],
+                mode: None,
+            }),
+        });
+        (Arc::new(c), timed, backing)
+    }
+
+    fn engine_counter(r: &Report, name: &str) -> u64 {
+        *r.counters.get(name).unwrap()
+    }
+
+    /// Detach writes everything back and serves the backing store; the engine counters, the
+    /// windows and the total keep growing across detach and attach (the released cache's are an
+    /// offset), commands needing a cache say it is detached, and attach brings back an empty
+    /// cache with the server's and the detached cache's parameters.
+    #[test]
+    fn detach_and_attach_keep_the_counters_monotonic() {
+        let spare = Arc::new(MemDev::new(16 << 20));
+        let (c, dev, backing) = detachable(spare.clone());
+        c.set("sequential_cutoff_read_kib", "0", false).unwrap();
+        dev.write_at(&[3u8; 64 << 10], 0, false).unwrap();
+        c.tick();
+        let before = c.report();
+        assert_eq!(before.status.cache_state, "attached");
+        assert_eq!(engine_counter(&before, "writes"), 1);
+        let e = c.attach(None, None, false).unwrap_err();
+        assert!(matches!(e, ControlError::Attached), "{e}");
+
+        assert_eq!(c.start_detach(false).unwrap(), 16);
+        let j = wait_job(&c);
+        assert_eq!((j.kind.as_str(), j.error), ("detach", None));
+        assert_eq!((j.from.as_str(), j.to.as_str()), ("writeback", "detached"));
+        let mut out = vec![0u8; 64 << 10];
+        backing.read_at(&mut out, 0).unwrap();
+        assert!(out.iter().all(|&b| b == 3), "not written back");
+        let r = c.report();
+        assert_eq!(
+            (r.status.cache, r.status.cache_state.as_str()),
+            (false, "detached")
+        );
+        assert!(
+            r.render_status().contains("detached"),
+            "{}",
+            r.render_status()
+        );
+        assert_eq!(r.status.mode, None);
+        let cleaned = engine_counter(&r, "cleaned_blocks");
+        assert!(cleaned >= 16, "{cleaned}");
+        assert_eq!(engine_counter(&r, "writes"), 1, "kept after release");
+        for e in [
+            c.get("promotion").unwrap_err(),
+            c.set("promotion", "nhit", false).unwrap_err(),
+            c.start_flush().unwrap_err(),
+            c.start_mode_switch("writeback").unwrap_err(),
+            c.params().unwrap_err(),
+            c.start_detach(false).unwrap_err(),
+        ] {
+            assert!(
+                e.to_string()
+                    .contains("the cache is detached; `flashtier attach` brings it back"),
+                "{e}"
+            );
+        }
+
+        // Served directly: a write reaches the backing store, the engine counts nothing.
+        dev.write_at(&[4u8; 4096], 0, false).unwrap();
+        backing.read_at(&mut out[..4096], 0).unwrap();
+        assert_eq!(out[0], 4);
+        c.tick();
+        let r = c.report();
+        assert_eq!(engine_counter(&r, "writes"), 1);
+        assert_eq!(r.counters.get("client_writes"), Some(&2));
+
+        // Attach: empty, with the detached cache's mode and parameters (the server's policy,
+        // and what was set live).
+        let a = c.attach(None, None, false).unwrap();
+        assert_eq!(a.mode, "writeback");
+        let r = c.report();
+        assert_eq!(r.status.cache_state, "attached");
+        assert_eq!(r.status.cache_status.as_ref().unwrap().cached_blocks, 0);
+        assert_eq!(c.get("promotion").unwrap(), "nhit");
+        assert_eq!(c.get("sequential_cutoff_read_kib").unwrap(), "0");
+        let mut got = vec![0u8; 8192];
+        dev.read_at(&mut got, 0).unwrap();
+        assert!(
+            got[..4096].iter().all(|&b| b == 4),
+            "stale data after attach"
+        );
+        assert!(got[4096..].iter().all(|&b| b == 3));
+        dev.write_at(&[5u8; 4096], 0, false).unwrap();
+        c.tick();
+        let r = c.report();
+        assert_eq!(engine_counter(&r, "writes"), 2, "offset + the new cache's");
+        assert!(engine_counter(&r, "cleaned_blocks") >= cleaned);
+        let w = r.windows.get("5min").unwrap();
+        assert_eq!(w.get("writes"), Some(&2), "windows see no step back");
+        assert_eq!(r.windows.get("total").unwrap().get("writes"), Some(&2));
+        for (name, v) in before.counters.iter() {
+            assert!(r.counters.get(name).unwrap() >= v, "{name} went back");
+        }
+        let e = c.attach(Some("spare"), None, false).unwrap_err();
+        assert!(matches!(e, ControlError::Attached), "{e}");
+        assert!(c.take_cache().is_some());
+    }
+
+    /// A client writing all the time while the cache is detached and attached again: every
+    /// write succeeds, and each block ends up with what was last written to it on the backing
+    /// store (none lost in the released cache). The forced detach may drop writes, but every
+    /// block is written again after it.
+    #[test]
+    fn writes_in_flight_survive_detach_and_attach() {
+        let (c, dev, backing) = detachable(Arc::new(MemDev::new(16 << 20)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let ended = Arc::new(AtomicBool::new(false));
+        // Waits until the writer has written every block twice more.
+        let progress = || {
+            let from = done.load(Ordering::Acquire);
+            while done.load(Ordering::Acquire) < from + 128 {
+                assert!(
+                    !ended.load(Ordering::Acquire),
+                    "the writer stopped: a write failed"
+                );
+                std::thread::yield_now();
+            }
+        };
+        /// Tells the test the writer ended, even by a panic.
+        struct Ended(Arc<AtomicBool>);
+        impl Drop for Ended {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Release);
+            }
+        }
+        let writer = {
+            let (dev, stop, done) = (dev.clone(), stop.clone(), done.clone());
+            let ended = Ended(ended.clone());
+            std::thread::spawn(move || {
+                let _ended = ended;
+                let mut last = vec![0u8; 64];
+                let mut k = 0u64;
+                while !stop.load(Ordering::Acquire) || k < 1000 {
+                    let (block, byte) = ((k % 64) as usize, (k / 64 % 250 + 1) as u8);
+                    dev.write_at(&[byte; 4096], block as u64 * 4096, false)
+                        .unwrap_or_else(|e| panic!("write {k} failed: {e}"));
+                    last[block] = byte;
+                    k += 1;
+                    done.store(k, Ordering::Release);
+                }
+                last
+            })
+        };
+        for force in [false, true] {
+            progress();
+            c.start_detach(force).unwrap();
+            assert_eq!(wait_job(&c).error, None);
+            progress();
+            c.attach(None, None, false).unwrap();
+        }
+        progress();
+        c.start_detach(false).unwrap();
+        assert_eq!(wait_job(&c).error, None);
+        progress();
+        stop.store(true, Ordering::Release);
+        let last = writer.join().unwrap();
+        let mut got = [0u8; 4096];
+        for (block, &byte) in last.iter().enumerate() {
+            backing.read_at(&mut got, block as u64 * 4096).unwrap();
+            assert!(got.iter().all(|&b| b == byte), "block {block} lost a write");
+        }
+    }
+
+    /// `--force` discards dirty data; attaching another device refuses one holding a foreign
+    /// cache unless forced, and formats it empty.
+    #[test]
+    fn forced_detach_discards_and_attach_checks_the_device() {
+        let spare = Arc::new(MemDev::new(16 << 20));
+        let ident = BackingIdentity {
+            size: 8 << 20,
+            name: "another-backing".into(),
+        };
+        let opts = FormatOptions {
+            segment_size: 1 << 20,
+            ..Default::default()
+        };
+        format(&*spare, ident, opts).unwrap();
+        let (c, dev, backing) = detachable(spare.clone());
+        dev.write_at(&[3u8; 8192], 0, false).unwrap();
+        assert_eq!(c.start_detach(true).unwrap(), 2);
+        let j = wait_job(&c);
+        assert_eq!(j.error, None);
+        assert!(j.what.contains("discarded"), "{}", j.what);
+        let mut out = vec![0u8; 8192];
+        backing.read_at(&mut out, 0).unwrap();
+        assert!(
+            out.iter().all(|&b| b == 0),
+            "discarded data reached the backing store"
+        );
+        dev.read_at(&mut out, 0).unwrap();
+        assert!(out.iter().all(|&b| b == 0));
+
+        let e = c.attach(Some("nowhere"), None, false).unwrap_err();
+        assert!(e.to_string().contains("no device nowhere"), "{e}");
+        let e = c.attach(Some("spare"), None, false).unwrap_err();
+        assert!(matches!(e, ControlError::ForeignCache { .. }), "{e}");
+        assert!(e.to_string().contains("another-backing"), "{e}");
+        assert_eq!(c.report().status.cache_state, "detached");
+        let a = c.attach(Some("spare"), Some("wt"), true).unwrap();
+        assert_eq!(a.mode, "writethrough");
+        let sb = read_superblock(&*spare).unwrap();
+        assert_eq!(sb.backing.name, "test-backing");
+        dev.write_at(&[6u8; 4096], 0, false).unwrap();
+        backing.read_at(&mut out[..4096], 0).unwrap();
+        assert_eq!(out[0], 6, "write-through reaches the backing store");
+        c.take_cache().unwrap().close().unwrap();
+    }
+
+    #[test]
+    fn detach_and_attach_need_a_detachable_server() {
+        let (c, _) = cached(None);
+        assert!(matches!(
+            c.start_detach(false).unwrap_err(),
+            ControlError::NotDetachable
+        ));
+        let (c, _) = passthrough();
+        assert!(matches!(
+            c.attach(None, None, false).unwrap_err(),
+            ControlError::NotDetachable
+        ));
     }
 
     pub(crate) fn wait_job(c: &Controller) -> JobReport {

@@ -31,7 +31,7 @@
 //!
 //! Modules, one job each: [`histogram`], [`timed`], [`windows`], [`report`] (the types),
 //! [`render`] (status, table, stats text), [`prometheus`], [`controller`], [`protocol`],
-//! [`server`] (control socket), [`client`] (for the CLI), [`metrics`] (HTTP), `acceptor` (the
+//! [`server`] (control socket), [`client`] (for the CLI), [`switch`] (the exported device, swapped by detach and attach), [`metrics`] (HTTP), `acceptor` (the
 //! accept loop both listeners share), `atomic_file` (replacing a file whole), [`statsfile`],
 //! [`plane`] (starts and stops them together), [`config`] (the TOML config file).
 
@@ -49,11 +49,16 @@ pub mod render;
 pub mod report;
 pub mod server;
 pub mod statsfile;
+pub mod switch;
 pub mod timed;
 pub mod windows;
 
 pub use client::{Client, ClientError};
-pub use controller::{ControlError, Controller, ControllerOptions, ParamRow, PersistFn, MODES};
+pub use controller::{
+    Attached, ControlError, Controller, ControllerOptions, DetachOptions, OpenDeviceFn, ParamRow,
+    PersistFn, MODES,
+};
 pub use plane::{ControlPlane, ControlPlaneOptions};
 pub use report::Report;
+pub use switch::Switchable;
 pub use timed::Timed;

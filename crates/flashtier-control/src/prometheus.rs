@@ -161,6 +161,16 @@ impl Report {
                     "RAM used by the cache index",
                     c.index_bytes as f64,
                 ),
+                (
+                    "writeback_rate_bytes_per_second",
+                    "Rate the write-back controller sets (0 when it is not running)",
+                    c.writeback.rate_bytes_per_sec as f64,
+                ),
+                (
+                    "dirty_target_blocks",
+                    "Dirty blocks the write-back controller aims for",
+                    c.writeback.target_blocks as f64,
+                ),
             ] {
                 o.gauge(&format!("flashtier_{name}"), text, v);
             }

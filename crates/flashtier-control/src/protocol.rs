@@ -2,7 +2,8 @@
 //!
 //! Requests: `{"op":"report"}`, `{"op":"get","name":N}`, `{"op":"set","name":N,"value":V,
 //! "persist":bool}`, `{"op":"params"}`, `{"op":"mode","mode":M}`, `{"op":"flush"}`,
-//! `{"op":"flush_cancel"}`, `{"op":"reset_stats"}`.
+//! `{"op":"flush_cancel"}`, `{"op":"reset_stats"}`, `{"op":"detach","force":bool}`,
+//! `{"op":"attach","cache":PATH|null,"mode":M|null,"force":bool}`.
 //! Responses: `{"ok":true,"result":...}` or `{"ok":false,"error":"message"}`. Line-delimited
 //! JSON keeps the protocol usable by hand (`socat - UNIX:control.sock`) and from any language.
 
@@ -36,6 +37,22 @@ pub enum Request {
     FlushCancel,
     /// Restarts counters, windows and latencies from zero: `null`.
     ResetStats,
+    /// Starts detaching the cache in the background (written back first unless `force`, which
+    /// discards dirty data): `{"dirty_blocks"}` as it starts; progress is the report's `job`.
+    Detach {
+        #[serde(default)]
+        force: bool,
+    },
+    /// Attaches a cache (`cache`: a device path; none: the one detached), formatted empty
+    /// first: [`crate::Attached`].
+    Attach {
+        #[serde(default)]
+        cache: Option<String>,
+        #[serde(default)]
+        mode: Option<String>,
+        #[serde(default)]
+        force: bool,
+    },
 }
 
 fn scalar<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
@@ -105,6 +122,17 @@ mod tests {
         assert_eq!(r, Request::Flush);
         let r: Request = serde_json::from_str(r#"{"op":"flush_cancel"}"#).unwrap();
         assert_eq!(r, Request::FlushCancel);
+        let r: Request = serde_json::from_str(r#"{"op":"detach"}"#).unwrap();
+        assert_eq!(r, Request::Detach { force: false });
+        let r: Request = serde_json::from_str(r#"{"op":"attach","cache":"/dev/sdc"}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::Attach {
+                cache: Some("/dev/sdc".into()),
+                mode: None,
+                force: false
+            }
+        );
         assert!(serde_json::from_str::<Request>(r#"{"op":"explode"}"#).is_err());
         assert!(serde_json::from_str::<Request>(r#"{"op":"get"}"#).is_err());
         let line = serde_json::to_string(&Request::Mode { mode: "wt".into() }).unwrap();

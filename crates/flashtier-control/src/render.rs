@@ -90,6 +90,24 @@ fn table(rows: &[Vec<String>], right: bool) -> String {
     out
 }
 
+/// The `write-back` line of `flashtier status`: what the cleaner does, its rate and target.
+fn render_writeback(c: &crate::report::CacheStatus) -> String {
+    let w = &c.writeback;
+    let target = fmt_bytes(w.target_blocks * c.block_size as u64);
+    match w.state.as_str() {
+        "controller" => format!(
+            "controller at {}/s toward the target of {target}",
+            fmt_bytes(w.rate_bytes_per_sec)
+        ),
+        "watermark" => "full speed: dirty above the high watermark".into(),
+        "age" => "writing back blocks older than the max age".into(),
+        "backing-idle" => "the backing store is idle: writing back".into(),
+        "retrying" => "retrying after a failed write-back (backing off)".into(),
+        "off" | "" => "off (not write-back mode)".into(),
+        other => format!("{other} (target {target})"),
+    }
+}
+
 impl Report {
     /// `flashtier status`: what is served, how full, how healthy, what is in progress.
     pub fn render_status(&self) -> String {
@@ -101,11 +119,22 @@ impl Report {
                 "mode".into(),
                 s.mode
                     .clone()
-                    .unwrap_or_else(|| "no cache (pass-through)".into()),
+                    .unwrap_or_else(|| match s.cache_state.as_str() {
+                        "detached" => "pass-through (cache detached)".into(),
+                        _ => "no cache (pass-through)".into(),
+                    }),
             ],
             vec!["health".into(), s.health.clone()],
             vec!["uptime".into(), fmt_duration(s.uptime_secs)],
         ];
+        if s.cache_state == "detached" {
+            rows.push(vec![
+                "cache".into(),
+                "detached: the backing store is served directly; `flashtier attach` brings the \
+                 cache back (empty)"
+                    .into(),
+            ]);
+        }
         if let Some(c) = &s.cache_status {
             let bs = c.block_size as u64;
             rows.extend([
@@ -134,6 +163,7 @@ impl Report {
                         fmt_bytes(c.segment_size as u64)
                     ),
                 ],
+                vec!["write-back".into(), render_writeback(c)],
                 vec!["reclaim".into(), c.reclaim_policy.clone()],
                 vec!["index RAM".into(), fmt_bytes(c.index_bytes)],
                 vec![
@@ -308,6 +338,12 @@ impl Report {
             line("dirty_bytes", &c.dirty_bytes);
             line("used_pct", &format!("{:.2}", c.used_pct));
             line("free_segments", &c.free_segments);
+            line("writeback_state", &c.writeback.state);
+            line(
+                "writeback_rate_bytes_per_sec",
+                &c.writeback.rate_bytes_per_sec,
+            );
+            line("dirty_target_blocks", &c.writeback.target_blocks);
         }
         let opt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
         line("read_hit_pct", &opt(self.derived.read_hit_pct));

@@ -103,6 +103,9 @@ pub struct StatusReport {
     pub size_bytes: u64,
     /// Whether there is a cache (false: the backing store is served as is).
     pub cache: bool,
+    /// `attached`, `detached` (by `flashtier detach`; `flashtier attach` brings it back) or
+    /// `none` (started without one).
+    pub cache_state: String,
     /// The cache mode; null without a cache.
     pub mode: Option<String>,
     /// `ok`; `degraded: <reason>` while the backing store fails (dirty data kept, write-back
@@ -132,6 +135,31 @@ pub struct CacheStatus {
     /// Largest write that is all-or-nothing after a crash.
     pub atomic_write_bytes: u32,
     pub reclaim_policy: String,
+    /// The background cleaner.
+    #[serde(default)]
+    pub writeback: WritebackReport,
+}
+
+/// What the background cleaner is doing.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WritebackReport {
+    /// `off` (not write-back), `idle`, `controller`, `watermark`, `age`, `backing-idle`, or
+    /// `retrying` (the last pass failed; backing off).
+    pub state: String,
+    /// The controller's current rate; 0 when it is not running.
+    pub rate_bytes_per_sec: u64,
+    /// The controller's target (`writeback_dirty_target_pct` of the capacity).
+    pub target_blocks: u64,
+}
+
+impl From<&flashtier_engine::WritebackStatus> for WritebackReport {
+    fn from(w: &flashtier_engine::WritebackStatus) -> Self {
+        WritebackReport {
+            state: w.state.clone(),
+            rate_bytes_per_sec: w.rate_bytes_per_sec,
+            target_blocks: w.target_blocks,
+        }
+    }
 }
 
 /// A background job: a mode switch or a manual flush.

@@ -55,6 +55,12 @@ pub fn handle(c: &Controller, req: Request) -> Result<serde_json::Value, Control
             c.reset_stats();
             serde_json::Value::Null
         }
+        Request::Detach { force } => {
+            serde_json::json!({ "dirty_blocks": c.start_detach(force)? })
+        }
+        Request::Attach { cache, mode, force } => {
+            json(&c.attach(cache.as_deref(), mode.as_deref(), force)?)
+        }
     })
 }
 
@@ -70,7 +76,7 @@ fn respond(c: &Controller, line: &str) -> Response {
         Err(e) => {
             return Response::error(format!(
                 "bad request ({e}); expected one JSON object per line with \"op\" one of \
-                 report, get, set, params, mode, flush, flush_cancel, reset_stats"
+                 report, get, set, params, mode, flush, flush_cancel, reset_stats, detach, attach"
             ))
         }
     };

@@ -70,11 +70,24 @@ impl Sampler {
     }
 
     /// Keeps a sample (call about once a second; extra calls within a second are ignored).
+    ///
+    /// Counters that appear (a cache attached to a server that had none) were zero in every
+    /// earlier sample: they count from the moment they appear. A sample missing some known
+    /// counters (read just before they appeared) is skipped; any other change of names restarts
+    /// the history rather than mixing names.
     pub fn record(&mut self, now: u64, counters: &[(&'static str, u64)]) {
         if !self.same_names(counters) {
-            tracing::warn!("the set of counters changed; restarting the stats windows");
-            self.restart(now, counters);
-            return;
+            let has = |set: &[&str], name: &str| set.contains(&name);
+            let new: Vec<&'static str> = counters.iter().map(|c| c.0).collect();
+            if self.names.iter().all(|n| has(&new, n)) {
+                self.adopt(&new);
+            } else if new.iter().all(|n| has(&self.names, n)) {
+                return;
+            } else {
+                tracing::warn!("the set of counters changed; restarting the stats windows");
+                self.restart(now, counters);
+                return;
+            }
         }
         let sample = || Sample {
             t: now,
@@ -126,6 +139,20 @@ impl Sampler {
         out
     }
 
+    /// Re-keys every sample to `names` (a superset of the current names), new ones at zero.
+    fn adopt(&mut self, names: &[&'static str]) {
+        let old = std::mem::replace(&mut self.names, names.to_vec());
+        let rekey = |s: &mut Sample| {
+            s.values = names
+                .iter()
+                .map(|n| old.iter().position(|o| o == n).map_or(0, |i| s.values[i]))
+                .collect();
+        };
+        rekey(&mut self.origin);
+        self.seconds.iter_mut().for_each(rekey);
+        self.minutes.iter_mut().for_each(rekey);
+    }
+
     fn same_names(&self, counters: &[(&'static str, u64)]) -> bool {
         self.names.len() == counters.len()
             && self.names.iter().zip(counters).all(|(a, b)| *a == b.0)
@@ -133,7 +160,14 @@ impl Sampler {
 
     fn delta(&self, start: &Sample, counters: &[(&'static str, u64)]) -> Counters {
         if !self.same_names(counters) {
-            return counters.to_vec();
+            // By name: a counter the history does not know yet counts from zero.
+            return counters
+                .iter()
+                .map(|&(name, v)| {
+                    let i = self.names.iter().position(|n| *n == name);
+                    (name, v.saturating_sub(i.map_or(0, |i| start.values[i])))
+                })
+                .collect();
         }
         counters
             .iter()
@@ -222,11 +256,35 @@ mod tests {
     #[test]
     fn a_changed_counter_set_restarts_instead_of_mixing_names() {
         let mut s = Sampler::new(0, &c(5));
-        let other = vec![("reads", 7), ("writes", 8), ("trims", 1)];
+        let other = vec![("reads", 7), ("trims", 1)];
         s.record(1, &other);
+        assert_eq!(s.total(&other), vec![("reads", 0), ("trims", 0)]);
+    }
+
+    /// A cache attached to a server that had none: its counters appear and count from zero,
+    /// while the others keep their history.
+    #[test]
+    fn counters_that_appear_count_from_zero() {
+        let mut s = Sampler::new(0, &c(5));
+        s.record(1, &c(6));
+        let more = vec![("hits", 3), ("reads", 8), ("writes", 16)];
+        // Reported before the next sample: by name.
         assert_eq!(
-            s.total(&other),
-            vec![("reads", 0), ("writes", 0), ("trims", 0)]
+            s.total(&more),
+            vec![("hits", 3), ("reads", 3), ("writes", 6)]
+        );
+        s.record(2, &more);
+        // A sample read just before they appeared is skipped.
+        s.record(3, &c(9));
+        let later = vec![("hits", 4), ("reads", 9), ("writes", 18)];
+        assert_eq!(
+            s.total(&later),
+            vec![("hits", 4), ("reads", 4), ("writes", 8)]
+        );
+        let w = s.windows(4, &later);
+        assert_eq!(
+            window(&w, "5min").deltas,
+            vec![("hits", 4), ("reads", 4), ("writes", 8)]
         );
     }
 }

@@ -101,6 +101,8 @@ pub struct Status {
     /// and how many write-back attempts failed in a row); `None` while it works. Dirty data is
     /// kept meanwhile and write-back is retried with backoff.
     pub backing_degraded: Option<String>,
+    /// What the background cleaner is doing.
+    pub writeback: crate::writeback::WritebackStatus,
 }
 
 pub struct Cache {
@@ -114,6 +116,7 @@ pub struct Cache {
 struct Threads {
     writer: Option<JoinHandle<()>>,
     reclaimer: Option<JoinHandle<()>>,
+    cleaner: Option<JoinHandle<()>>,
 }
 
 impl Cache {
@@ -130,6 +133,7 @@ impl Cache {
         let writer = Writer::new(e.clone(), &start);
         let writer = writer.spawn();
         let reclaimer = crate::reclaim::spawn(e.clone());
+        let cleaner = crate::writeback::spawn(e.clone());
         let info = DevInfo {
             size: backing.info().size,
             read_only: false,
@@ -147,6 +151,7 @@ impl Cache {
             threads: parking_lot::Mutex::new(Threads {
                 writer: Some(writer),
                 reclaimer: Some(reclaimer),
+                cleaner: Some(cleaner),
             }),
             report,
         };
@@ -189,6 +194,7 @@ impl Cache {
             self.write_back_all()?;
         }
         self.e.set_mode_flag(mode);
+        self.e.wake_writeback();
         Ok(())
     }
 
@@ -240,6 +246,7 @@ impl Cache {
             atomic_write_bytes: self.e.atomic_bytes,
             failed: self.e.log.failed(),
             backing_degraded: self.e.backing_health.reason(),
+            writeback: self.e.writeback_status.lock().clone(),
         }
     }
 
@@ -264,6 +271,12 @@ impl Cache {
         let mut threads = self.threads.lock();
         if threads.writer.is_none() {
             return Ok(());
+        }
+        // The cleaner first: its pass in progress stops before its next backing write (what it
+        // wrote is flushed and marked clean), and it needs the log and reclaim until then.
+        crate::writeback::stop(&self.e);
+        if let Some(c) = threads.cleaner.take() {
+            let _ = c.join();
         }
         {
             let mut ctl = self.e.reclaim.lock();
@@ -388,9 +401,12 @@ impl Cache {
         let e = &*self.e;
         let since = e.guards.now();
         let bs = self.block_size();
-        e.backing
-            .read_at(buf, lba * bs)
-            .inspect_err(|err| e.backing_failed(BackingOp::Read, err))?;
+        {
+            let _fg = e.foreground_io();
+            e.backing
+                .read_at(buf, lba * bs)
+                .inspect_err(|err| e.backing_failed(BackingOp::Read, err))?;
+        }
         e.backing_health.read_succeeded();
         Stats::add(&e.stats.backing_reads, 1);
         Stats::add(&e.stats.backing_read_bytes, buf.len() as u64);
@@ -548,6 +564,7 @@ impl Cache {
         busy: Option<&mut BusyRange<'_>>,
     ) -> io::Result<()> {
         let e = &*self.e;
+        let _fg = e.foreground_io();
         e.backing
             .write_at(buf, offset, fua)
             .inspect_err(|err| e.backing_failed(BackingOp::Write, err))?;
@@ -732,7 +749,10 @@ impl Cache {
             return Ok(());
         }
         let (blocks, generations) = std::mem::take(&mut *e.unflushed_write_through.lock());
-        if let Err(err) = engine::flush_backing(e) {
+        let fg = e.foreground_io();
+        let flushed = engine::flush_backing(e);
+        drop(fg);
+        if let Err(err) = flushed {
             e.backing_unflushed.store(true, Ordering::Release);
             let mut pending = e.unflushed_write_through.lock();
             pending.0.extend(blocks);
@@ -822,7 +842,10 @@ impl BlockDev for Cache {
         let _order = e.backing_order.read();
         e.backing_unflushed.store(true, Ordering::Release);
         busy.written_unflushed();
-        e.backing.trim(offset, len)
+        let _fg = e.foreground_io();
+        e.backing
+            .trim(offset, len)
+            .inspect_err(|err| e.backing_failed(BackingOp::Trim, err))
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, opts: ZeroOpts) -> io::Result<()> {
@@ -853,6 +876,7 @@ impl BlockDev for Cache {
             let mut busy = e.guards.busy(first, n);
             self.invalidate(first, n)?;
             let _order = e.backing_order.read();
+            let _fg = e.foreground_io();
             e.backing
                 .write_zeroes(first * bs, n * bs, opts)
                 .inspect_err(|err| e.backing_failed(BackingOp::Write, err))?;
@@ -934,6 +958,7 @@ impl Cache {
     /// Reads the backing store directly (pass-through, the uncached tail).
     fn backing_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let e = &*self.e;
+        let _fg = e.foreground_io();
         e.backing
             .read_at(buf, offset)
             .inspect_err(|err| e.backing_failed(BackingOp::Read, err))?;

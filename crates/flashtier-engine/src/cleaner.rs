@@ -4,7 +4,8 @@
 //! 1. the log is synced, so the version being written back can never be lost from the cache
 //!    after the backing store has it (recovery would otherwise bring back an older version);
 //! 2. dirty blocks are read from the cache and written to the backing store sorted by address,
-//!    consecutive addresses coalesced into one write;
+//!    consecutive addresses coalesced into one write (up to `writeback_max_io_kib`), with up to
+//!    `writeback_max_inflight` writes in flight;
 //! 3. the backing store is flushed;
 //! 4. only then are the blocks marked clean, each only if it still lives in the slot that was
 //!    written back (a block rewritten meanwhile stays dirty).
@@ -15,18 +16,26 @@
 //! because the backing store is flushed first. Not depending on log space is what lets reclaim
 //! always make progress, even with the log full of dirty blocks.
 //!
-//! A pass may be cancelled (`cancel` set, e.g. by `flashtier flush --cancel`): it stops between
-//! two backing writes, flushes the backing store and marks clean only the blocks it wrote; the
-//! rest stay dirty, as they were.
+//! A pass may be cancelled (`cancel` set, e.g. by `flashtier flush --cancel`): it starts no
+//! further backing write, waits for those in flight, flushes the backing store and marks clean
+//! only the blocks it wrote; the rest stay dirty, as they were. A failed write stops the pass
+//! and marks nothing clean.
+//!
+//! Who runs passes: reclaim (a victim's dirty blocks), `write_back_all` (flush, mode switch),
+//! write-zeroes (dirty blocks in its range) and the background cleaner (`writeback`), which
+//! chooses small passes so the exclusive lock below is held briefly.
 //!
 //! Passes are exclusive with writes that go around the cache (`Engine::backing_order`): a pass
 //! that read an old version of a block must not land on the backing store after a newer version
 //! written straight there.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use flashtier_io::AlignedBuf;
+use parking_lot::Mutex;
 
 use crate::engine::Engine;
 use crate::health::BackingOp;
@@ -35,14 +44,34 @@ use crate::log::Record;
 use crate::state::State;
 use crate::stats::Stats;
 
-/// Largest single write to the backing store.
-const MAX_BACKING_WRITE: u64 = 4 << 20;
-
 /// A dirty block to write back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct DirtyBlock {
     pub lba: u64,
     pub slot: u32,
+}
+
+/// How a pass writes to the backing store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PassIo {
+    /// Backing writes in flight at once.
+    pub inflight: usize,
+    /// Largest coalesced write, bytes.
+    pub max_io: u64,
+    /// All but one writer pause while client I/O to the backing store is in flight (background
+    /// write-back below the high watermark: clients keep priority).
+    pub yield_to_foreground: bool,
+}
+
+impl PassIo {
+    /// The live parameters' (`writeback_max_inflight`, `writeback_max_io_kib`), at full speed.
+    pub(crate) fn of(e: &Engine) -> PassIo {
+        PassIo {
+            inflight: e.tunables.writeback_max_inflight(),
+            max_io: e.tunables.writeback_max_io_bytes(),
+            yield_to_foreground: false,
+        }
+    }
 }
 
 /// Cleans the dirty blocks chosen by `select` (called with the state locked for reading, under
@@ -55,11 +84,22 @@ pub(crate) fn clean_pass(
     select: impl FnOnce(&crate::state::State) -> Vec<DirtyBlock>,
     cancel: Option<&AtomicBool>,
 ) -> io::Result<u64> {
+    clean_pass_with(e, select, cancel, PassIo::of(e))
+}
+
+/// [`clean_pass`] with explicit I/O limits.
+pub(crate) fn clean_pass_with(
+    e: &Engine,
+    select: impl FnOnce(&crate::state::State) -> Vec<DirtyBlock>,
+    cancel: Option<&AtomicBool>,
+    pass_io: PassIo,
+) -> io::Result<u64> {
     let _exclusive = e.backing_order.write();
     let (blocks, generations) = {
         let st = e.state.read();
         let mut blocks = select(&st);
         blocks.sort_unstable();
+        blocks.dedup_by_key(|b| b.lba);
         let generations = generations_of(e, &st, &blocks);
         (blocks, generations)
     };
@@ -68,7 +108,7 @@ pub(crate) fn clean_pass(
     }
     e.log.sync(true)?;
     let backing_errors = e.stats.backing_errors.load(Ordering::Relaxed);
-    let result = write_back(e, &blocks, &generations, cancel);
+    let result = write_back(e, &blocks, &generations, cancel, pass_io);
     match &result {
         Ok(n) if *n > 0 => e.backing_health.write_succeeded(),
         Ok(_) => {}
@@ -81,43 +121,114 @@ pub(crate) fn clean_pass(
     result
 }
 
-/// Steps 2 to 4 of a pass (see the module's documentation).
+/// Runs of consecutive addresses in `blocks` (sorted), each at most `per_write` blocks.
+fn runs_of(blocks: &[DirtyBlock], per_write: usize) -> Vec<Range<usize>> {
+    let mut runs = Vec::new();
+    let mut i = 0;
+    while i < blocks.len() {
+        let mut j = i + 1;
+        while j < blocks.len() && j - i < per_write && blocks[j].lba == blocks[j - 1].lba + 1 {
+            j += 1;
+        }
+        runs.push(i..j);
+        i = j;
+    }
+    runs
+}
+
+/// Steps 2 to 4 of a pass (see the module's documentation). Up to `pass_io.inflight` writers
+/// take runs in address order, each reading its run from the cache and writing it to the
+/// backing store. The first failure stops them all, and then nothing of the pass is marked
+/// clean (its blocks stay dirty and are written again later): marking only what preceded the
+/// failure would need a backing flush that the failing store is unlikely to honour.
 fn write_back(
     e: &Engine,
     blocks: &[DirtyBlock],
     generations: &[u64],
     cancel: Option<&AtomicBool>,
+    pass_io: PassIo,
 ) -> io::Result<u64> {
     let bs = e.geo.block_size as u64;
-    let per_write = (MAX_BACKING_WRITE / bs).max(1) as usize;
+    let runs = runs_of(blocks, (pass_io.max_io / bs).max(1) as usize);
     let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Acquire));
-    let mut i = 0;
-    while i < blocks.len() && !cancelled() {
-        // A run of consecutive addresses, up to the coalescing limit.
-        let mut j = i + 1;
-        while j < blocks.len() && j - i < per_write && blocks[j].lba == blocks[j - 1].lba + 1 {
-            j += 1;
+    let done: Vec<AtomicBool> = runs.iter().map(|_| AtomicBool::new(false)).collect();
+    let next = AtomicUsize::new(0);
+    let stop = AtomicBool::new(false);
+    let failure: Mutex<Option<io::Error>> = Mutex::new(None);
+    let writer = |first: bool| {
+        let mut buf: Option<AlignedBuf> = None;
+        loop {
+            // Clients first: all writers but one wait while client backing I/O is in flight.
+            while !first
+                && pass_io.yield_to_foreground
+                && e.foreground.busy()
+                && !stop.load(Ordering::Acquire)
+                && !cancelled()
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if stop.load(Ordering::Acquire) || cancelled() {
+                return;
+            }
+            let k = next.fetch_add(1, Ordering::AcqRel);
+            let Some(run) = runs.get(k) else { return };
+            let run = &blocks[run.clone()];
+            let len = run.len() * bs as usize;
+            let buf = match &mut buf {
+                Some(b) if b.len() >= len => b,
+                b => b.insert(AlignedBuf::zeroed(len)),
+            };
+            let result = read_slots(e, run, &mut buf[..len]).and_then(|()| {
+                e.backing
+                    .write_at(&buf[..len], run[0].lba * bs, false)
+                    .inspect_err(|err| e.backing_failed(BackingOp::Write, err))
+            });
+            match result {
+                Ok(()) => {
+                    Stats::add(&e.stats.backing_writes, 1);
+                    Stats::add(&e.stats.backing_write_bytes, len as u64);
+                    Stats::add(&e.stats.cleaner_writes, 1);
+                    done[k].store(true, Ordering::Release);
+                }
+                Err(err) => {
+                    stop.store(true, Ordering::Release);
+                    failure.lock().get_or_insert(err);
+                    return;
+                }
+            }
         }
-        let run = &blocks[i..j];
-        let mut buf = AlignedBuf::zeroed(run.len() * bs as usize);
-        read_slots(e, run, &mut buf)?;
-        e.backing
-            .write_at(&buf, run[0].lba * bs, false)
-            .inspect_err(|err| e.backing_failed(BackingOp::Write, err))?;
-        Stats::add(&e.stats.backing_writes, 1);
-        Stats::add(&e.stats.backing_write_bytes, buf.len() as u64);
-        Stats::add(&e.stats.cleaner_writes, 1);
-        i = j;
+    };
+    let writers = pass_io.inflight.clamp(1, runs.len().max(1));
+    if writers == 1 {
+        writer(true);
+    } else {
+        std::thread::scope(|s| {
+            for _ in 1..writers {
+                s.spawn(|| writer(false));
+            }
+            writer(true);
+        });
     }
-    // `blocks[..i]` were written (all of them unless cancelled).
-    if i == 0 {
+    if let Some(err) = failure.into_inner() {
+        return Err(err);
+    }
+    // What was written: everything unless cancelled (then the runs finished before the stop).
+    let mut written = Vec::with_capacity(blocks.len());
+    let mut written_generations = Vec::with_capacity(blocks.len());
+    for (run, done) in runs.iter().zip(&done) {
+        if done.load(Ordering::Acquire) {
+            written.extend_from_slice(&blocks[run.clone()]);
+            written_generations.extend_from_slice(&generations[run.clone()]);
+        }
+    }
+    if written.is_empty() {
         return Ok(0);
     }
     crate::engine::flush_backing(e)?;
 
-    mark_clean(e, &blocks[..i], &generations[..i]);
-    Stats::add(&e.stats.cleaned_blocks, i as u64);
-    Ok(i as u64)
+    mark_clean(e, &written, &written_generations);
+    Stats::add(&e.stats.cleaned_blocks, written.len() as u64);
+    Ok(written.len() as u64)
 }
 
 /// The generation of each block's segment, to pass to [`mark_clean`] later.

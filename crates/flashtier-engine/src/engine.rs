@@ -71,6 +71,14 @@ pub struct Engine {
     pub(crate) atomic_bytes: u32,
     /// Whether the backing store is failing (see `health`).
     pub(crate) backing_health: BackingHealth,
+    /// Client I/O to the backing store, which background write-back gives way to.
+    pub(crate) foreground: crate::writeback::Foreground,
+    /// The background cleaner's wake-up and stop flags, and what it is doing.
+    pub(crate) writeback: Mutex<crate::writeback::WritebackControl>,
+    pub(crate) writeback_cv: Condvar,
+    /// Set when the cleaner stops: cancels its pass in progress.
+    pub(crate) writeback_stop: AtomicBool,
+    pub(crate) writeback_status: Mutex<crate::writeback::WritebackStatus>,
 }
 
 #[derive(Default)]
@@ -99,6 +107,11 @@ impl Engine {
     /// Seconds since the engine started, for LRU ages and n-hit windows.
     pub(crate) fn now_secs(&self) -> u32 {
         self.started.elapsed().as_secs() as u32
+    }
+
+    /// Milliseconds since the engine started.
+    pub(crate) fn now_ms(&self) -> u64 {
+        self.started.elapsed().as_millis() as u64
     }
 
     /// The n-hit miss table, sized for this cache (RAM is spent only once n-hit is used).
@@ -331,6 +344,11 @@ pub(crate) fn open_engine(
         cached_blocks: sb.backing.size / geo.block_size as u64,
         atomic_bytes,
         backing_health: BackingHealth::default(),
+        foreground: Default::default(),
+        writeback: Mutex::new(Default::default()),
+        writeback_cv: Condvar::new(),
+        writeback_stop: AtomicBool::new(false),
+        writeback_status: Mutex::new(Default::default()),
     };
     let start = LogStart {
         next_seq: recovered.next_seq,

@@ -1,12 +1,12 @@
 //! The backing store's health: whether it is failing, and why.
 //!
-//! Every backing error (a write, flush or read failing) is recorded here with its errno text and
-//! when it happened; failed write-back passes are counted in a row. The volume is *degraded*
-//! while the last backing error has not been followed by a success that proves the backing store
-//! works again: a write-back pass or a direct backing write that succeeds clears it; a successful
-//! read clears only a read failure (a store that fails writes often still reads fine, and that
-//! must not hide dirty data that cannot be written back). Dirty data is never dropped because of
-//! it: reclaim keeps retrying with backoff (see `reclaim`).
+//! Every backing error (a write, flush, trim or read failing) is recorded here with its errno
+//! text and when it happened; failed write-back passes are counted in a row. The volume is
+//! *degraded* while the last backing error has not been followed by a success that proves the
+//! backing store works again: a write-back pass or a direct backing write that succeeds clears
+//! it; a successful read clears only a read failure (a store that fails writes often still reads
+//! fine, and that must not hide dirty data that cannot be written back). Dirty data is never
+//! dropped because of it: reclaim keeps retrying with backoff (see `reclaim`).
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +20,7 @@ pub(crate) enum BackingOp {
     Read,
     Write,
     Flush,
+    Trim,
 }
 
 impl BackingOp {
@@ -28,6 +29,7 @@ impl BackingOp {
             BackingOp::Read => "read",
             BackingOp::Write => "write",
             BackingOp::Flush => "flush",
+            BackingOp::Trim => "trim",
         }
     }
 }

@@ -29,11 +29,12 @@
 //!
 //! Modules: [`layout`] (the on-device format), [`index`], [`segments`], [`log`] (the writer
 //! thread), [`recover`], [`cache`] (the volume and its per-mode I/O paths), [`cleaner`],
-//! [`reclaim`], [`guards`] (keeping promotions from caching stale data), [`policy`] (modes,
+//! [`reclaim`], [`writeback`] (the background cleaner and its controller), [`guards`] (keeping promotions from caching stale data), [`policy`] (modes,
 //! sequential stream detection, n-hit admission), [`stats`], [`tunables`] (the live parameters).
 
 pub mod cache;
 pub mod cleaner;
+pub mod detach;
 pub mod engine;
 pub mod guards;
 pub mod health;
@@ -47,14 +48,17 @@ pub mod segments;
 pub mod state;
 pub mod stats;
 pub mod tunables;
+pub mod writeback;
 
 pub use cache::{Cache, Status};
+pub use detach::{ReleaseError, Released};
 pub use engine::{format, FormatOptions, OpenReport, DEFAULT_BLOCK_SIZE, DEFAULT_SEGMENT_SIZE};
 pub use layout::superblock::{BackingIdentity, Superblock};
 pub use policy::{Mode, PromotionPolicy, ReclaimPolicy};
 pub use recover::read_superblock;
 pub use stats::StatsSnapshot;
 pub use tunables::{ParamError, ParamInfo, PARAMS};
+pub use writeback::WritebackStatus;
 
 /// Errors reading or writing the on-device format.
 #[derive(Debug, thiserror::Error)]

@@ -613,6 +613,8 @@ impl Writer {
         Stats::add(&self.e.stats.records, batch.recs.len() as u64);
         {
             let mut st = self.e.state.write();
+            st.segs
+                .note_written(head.segment, head.used, self.e.now_secs());
             let mut slot = first_slot + 1;
             for (r, _) in &batch.recs {
                 st.apply(&r.entry(), slot);

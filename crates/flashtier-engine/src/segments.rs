@@ -42,6 +42,13 @@ pub struct Segments {
     last_access: Vec<AtomicU32>,
     /// Reads of the segment's slots in flight; a quarantined segment is reused only at zero.
     readers: Vec<AtomicU32>,
+    /// When the segment's blocks were written, for the cleaner's max age: `(offset, second)`
+    /// marks, one per second in which batches were written to it (the batch starting at that
+    /// block offset and those after it, up to the next mark, were written in that second of
+    /// engine uptime). Segments fill front to back, so this dates every slot to the second at a
+    /// cost of one mark per second of writing. Not on the device: a segment recovered from the
+    /// log has none, and its blocks count as written when the engine started.
+    written: Vec<Vec<(u32, u32)>>,
     free: VecDeque<u32>,
     quarantine: Vec<u32>,
     pub head: Option<Head>,
@@ -69,6 +76,7 @@ impl Segments {
             opened_seq: vec![0; n],
             last_access: (0..n).map(|_| AtomicU32::new(0)).collect(),
             readers: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            written: vec![Vec::new(); n],
             free: free.into(),
             quarantine: Vec::new(),
             head: None,
@@ -160,6 +168,7 @@ impl Segments {
         debug_assert_eq!(self.state[seg as usize], SegState::Free);
         self.state[seg as usize] = SegState::Open;
         self.opened_seq[seg as usize] = first_seq;
+        self.written[seg as usize] = Vec::new();
         self.head = Some(Head {
             segment: seg,
             used: 0,
@@ -197,6 +206,56 @@ impl Segments {
             self.free.push_back(s);
         }
         released
+    }
+
+    /// A batch was written to `seg` from block offset `at`, in second `now` of engine uptime.
+    pub fn note_written(&mut self, seg: u32, at: u32, now: u32) {
+        let marks = &mut self.written[seg as usize];
+        if marks.last().is_none_or(|&(_, t)| t != now) {
+            marks.push((at, now));
+        }
+    }
+
+    /// The second of engine uptime in which the block in `slot` was written (0 for blocks
+    /// recovered from the log).
+    pub fn written_at(&self, slot: u32) -> u32 {
+        let marks = &self.written[self.seg_of(slot)];
+        let offset = slot % self.blocks_per_segment;
+        match marks.partition_point(|&(at, _)| at <= offset) {
+            0 => 0,
+            i => marks[i - 1].1,
+        }
+    }
+
+    /// The segment holding dirty blocks that the log wrote first.
+    pub fn oldest_dirty_segment(&self) -> Option<u32> {
+        (0..self.count())
+            .filter(|&s| {
+                self.dirty[s as usize] > 0
+                    && matches!(self.state[s as usize], SegState::Sealed | SegState::Open)
+            })
+            .min_by_key(|&s| self.opened_seq[s as usize])
+    }
+
+    /// The segments holding dirty blocks (sealed or open), in the given order: log order (FIFO:
+    /// oldest first) or least recently read first (LRU, ties in log order).
+    pub fn dirty_segments(&self, order: ReclaimPolicy) -> Vec<u32> {
+        let mut segs: Vec<u32> = (0..self.count())
+            .filter(|&s| {
+                self.dirty[s as usize] > 0
+                    && matches!(self.state[s as usize], SegState::Sealed | SegState::Open)
+            })
+            .collect();
+        match order {
+            ReclaimPolicy::Fifo => segs.sort_unstable_by_key(|&s| self.opened_seq[s as usize]),
+            ReclaimPolicy::Lru => segs.sort_unstable_by_key(|&s| {
+                (
+                    self.last_access[s as usize].load(Ordering::Relaxed),
+                    self.opened_seq[s as usize],
+                )
+            }),
+        }
+        segs
     }
 
     pub fn note_access(&self, seg: u32, now: u32) {
@@ -290,5 +349,42 @@ mod tests {
         assert_eq!(s.pick_victim(ReclaimPolicy::Lru), Some(2));
         s.on_unmap(0, false);
         assert_eq!(s.pick_victim(ReclaimPolicy::Fifo), Some(0), "empty first");
+    }
+
+    #[test]
+    fn blocks_are_dated_by_the_second_their_batch_was_written() {
+        let mut s = Segments::new(2, 16);
+        s.open_next(1);
+        assert_eq!(s.written_at(5), 0, "recovered blocks date from the start");
+        s.note_written(0, 0, 7);
+        s.note_written(0, 2, 7);
+        s.note_written(0, 4, 9);
+        s.note_written(0, 10, 12);
+        assert_eq!(
+            [0, 1, 3, 4, 9, 10, 15].map(|o| s.written_at(o)),
+            [7, 7, 7, 9, 9, 12, 12]
+        );
+        s.seal_head();
+        s.quarantine(0);
+        s.release(usize::MAX);
+        s.open_next(2);
+        s.open_next(3);
+        assert_eq!(s.written_at(3), 0, "marks go when the segment is reused");
+    }
+
+    #[test]
+    fn dirty_segments_in_log_or_access_order() {
+        let mut s = Segments::new(3, 16);
+        for seq in [100, 50, 75] {
+            let seg = s.open_next(seq).unwrap();
+            s.on_map(seg * 16, true);
+            s.seal_head();
+        }
+        assert_eq!(s.dirty_segments(ReclaimPolicy::Fifo), vec![1, 2, 0]);
+        s.note_access(1, 9);
+        assert_eq!(s.dirty_segments(ReclaimPolicy::Lru), vec![2, 0, 1]);
+        s.on_clean(32);
+        assert_eq!(s.dirty_segments(ReclaimPolicy::Fifo), vec![1, 0]);
+        assert_eq!(s.oldest_dirty_segment(), Some(1));
     }
 }

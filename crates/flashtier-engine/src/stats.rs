@@ -67,8 +67,11 @@ counters! {
     cleaned_blocks,
     /// Writes to the backing store by the cleaner (after coalescing).
     cleaner_writes,
-    /// Times reclaim retried after a write-back failed on the backing store (with backoff; the
-    /// dirty blocks stay in the cache).
+    /// Dirty blocks written back by the background cleaner (controller, watermark, max age,
+    /// backing idle); included in cleaned_blocks.
+    background_cleaned_blocks,
+    /// Times reclaim or the background cleaner retried after a write-back failed on the backing
+    /// store (with backoff; the dirty blocks stay in the cache).
     writeback_retries,
     /// Log batches written to the cache device.
     batches,

@@ -9,7 +9,7 @@
 //! The cache mode is not here: switching it may write back every dirty block first, which is a
 //! long operation with progress, not a setting (see [`Cache::set_mode`]).
 
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
 
 use crate::cache::Cache;
 use crate::policy::{PromotionPolicy, ReclaimPolicy};
@@ -32,6 +32,17 @@ pub const MAX_CUTOFF_KIB: u32 = 1 << 20;
 pub const MAX_PROMOTION_NHIT: u32 = 255;
 /// Longest n-hit window: a day.
 pub const MAX_PROMOTION_WINDOW_SECS: u32 = 86_400;
+/// Longest write-back age: a day.
+pub const MAX_WRITEBACK_AGE_SECS: u32 = 86_400;
+/// Longest backing idle delay: an hour.
+pub const MAX_WRITEBACK_IDLE_MS: u32 = 3_600_000;
+/// Largest write-back rate cap: 16 GiB/s (beyond any backing store).
+pub const MAX_WRITEBACK_RATE_KIB: u32 = 16 << 20;
+/// Most backing writes in flight per cleaning pass.
+pub const MAX_WRITEBACK_INFLIGHT: u32 = 64;
+/// Smallest and largest coalesced backing write.
+pub const MIN_WRITEBACK_IO_KIB: u32 = 4;
+pub const MAX_WRITEBACK_IO_KIB: u32 = 16 << 10;
 
 /// Every live parameter, in the order tables show them.
 pub const PARAMS: &[ParamInfo] = &[
@@ -80,6 +91,84 @@ pub const PARAMS: &[ParamInfo] = &[
         default: "300",
         allowed: "1..=86400",
     },
+    ParamInfo {
+        name: "writeback_controller",
+        doc: "In write-back mode, pi steers the dirty share of the cache toward \
+              writeback_dirty_target_pct with a rate that follows how far above the target it is \
+              (bcache's proportional-integral write-back controller), so dirty data drains smoothly \
+              instead of in bursts at the watermark; off leaves the watermarks, max age and idle \
+              delay.",
+        default: "pi",
+        allowed: "pi | off",
+    },
+    ParamInfo {
+        name: "writeback_dirty_target_pct",
+        doc: "The dirty share of the cache (percent of its capacity) the pi controller aims for: \
+              below it the controller writes nothing back; above it the write-back rate grows \
+              with the excess and with how long it lasts.",
+        default: "10",
+        allowed: "0..=100",
+    },
+    ParamInfo {
+        name: "writeback_dirty_high_pct",
+        doc: "Above this dirty share the cache writes back at full speed (every in-flight slot, no \
+              rate limit, ahead of client backing I/O) until the dirty share is down to \
+              writeback_dirty_low_pct.",
+        default: "70",
+        allowed: "1..=100",
+    },
+    ParamInfo {
+        name: "writeback_dirty_low_pct",
+        doc: "Where a full-speed drain started at writeback_dirty_high_pct stops (at most \
+              writeback_dirty_high_pct - 1).",
+        default: "50",
+        allowed: "0..=99",
+    },
+    ParamInfo {
+        name: "writeback_max_age_secs",
+        doc: "Dirty blocks written to the cache longer ago than this are written back (within \
+              about a second); blocks copied forward by reclaim count from their copy. 0 = off.",
+        default: "0",
+        allowed: "0..=86400",
+    },
+    ParamInfo {
+        name: "writeback_idle_delay_ms",
+        doc: "Once no client I/O has gone to the backing store for this long, dirty blocks are \
+              written back (at full speed, up to writeback_rate_max_kib, while it stays idle). \
+              0 = off.",
+        default: "0",
+        allowed: "0..=3600000",
+    },
+    ParamInfo {
+        name: "writeback_rate_max_kib",
+        doc: "Cap in KiB/s on background write-back (controller, max age, idle); not applied above \
+              writeback_dirty_high_pct, nor to flush, mode switches or reclaim. 0 = no cap.",
+        default: "0",
+        allowed: "0..=16777216",
+    },
+    ParamInfo {
+        name: "writeback_order",
+        doc: "Which dirty blocks background write-back takes first: fifo (the oldest written) or \
+              lru (those in the least recently read segments). Each pass then writes them sorted \
+              by address, merged with their dirty neighbours.",
+        default: "fifo",
+        allowed: "fifo | lru",
+    },
+    ParamInfo {
+        name: "writeback_max_inflight",
+        doc: "Backing writes in flight at once in a write-back pass (every pass: background, \
+              flush, mode switch, reclaim). Background write-back drops to one while clients \
+              read or write the backing store, unless above writeback_dirty_high_pct.",
+        default: "4",
+        allowed: "1..=64",
+    },
+    ParamInfo {
+        name: "writeback_max_io_kib",
+        doc: "Largest backing write: dirty blocks at consecutive addresses are merged up to this \
+              size (every pass: background, flush, mode switch, reclaim).",
+        default: "1024",
+        allowed: "4..=16384",
+    },
 ];
 
 /// A parameter name or value that was refused.
@@ -120,6 +209,16 @@ enum Setting {
     Promotion(PromotionPolicy),
     PromotionNhit(u32),
     PromotionWindowSecs(u32),
+    WritebackController(bool),
+    WritebackTargetPct(u32),
+    WritebackHighPct(u32),
+    WritebackLowPct(u32),
+    WritebackMaxAgeSecs(u32),
+    WritebackIdleDelayMs(u32),
+    WritebackRateMaxKib(u32),
+    WritebackOrder(ReclaimPolicy),
+    WritebackMaxInflight(u32),
+    WritebackMaxIoKib(u32),
 }
 
 fn parse(name: &str, value: &str) -> Result<Setting, ParamError> {
@@ -145,6 +244,32 @@ fn parse(name: &str, value: &str) -> Result<Setting, ParamError> {
         "promotion_window_secs" => {
             Setting::PromotionWindowSecs(number(1, MAX_PROMOTION_WINDOW_SECS)?)
         }
+        "writeback_controller" => {
+            Setting::WritebackController(match v.to_ascii_lowercase().as_str() {
+                "pi" => true,
+                "off" => false,
+                _ => return Err(bad()),
+            })
+        }
+        "writeback_dirty_target_pct" => Setting::WritebackTargetPct(number(0, 100)?),
+        "writeback_dirty_high_pct" => Setting::WritebackHighPct(number(1, 100)?),
+        "writeback_dirty_low_pct" => Setting::WritebackLowPct(number(0, 99)?),
+        "writeback_max_age_secs" => {
+            Setting::WritebackMaxAgeSecs(number(0, MAX_WRITEBACK_AGE_SECS)?)
+        }
+        "writeback_idle_delay_ms" => {
+            Setting::WritebackIdleDelayMs(number(0, MAX_WRITEBACK_IDLE_MS)?)
+        }
+        "writeback_rate_max_kib" => {
+            Setting::WritebackRateMaxKib(number(0, MAX_WRITEBACK_RATE_KIB)?)
+        }
+        "writeback_order" => Setting::WritebackOrder(v.parse().map_err(|_| bad())?),
+        "writeback_max_inflight" => {
+            Setting::WritebackMaxInflight(number(1, MAX_WRITEBACK_INFLIGHT)?)
+        }
+        "writeback_max_io_kib" => {
+            Setting::WritebackMaxIoKib(number(MIN_WRITEBACK_IO_KIB, MAX_WRITEBACK_IO_KIB)?)
+        }
         _ => unreachable!("every entry of PARAMS is parsed"),
     })
 }
@@ -156,6 +281,16 @@ pub struct Tunables {
     promotion: AtomicU8,
     promotion_nhit: AtomicU32,
     promotion_window_secs: AtomicU32,
+    writeback_pi: AtomicBool,
+    writeback_target_pct: AtomicU32,
+    writeback_high_pct: AtomicU32,
+    writeback_low_pct: AtomicU32,
+    writeback_max_age_secs: AtomicU32,
+    writeback_idle_delay_ms: AtomicU32,
+    writeback_rate_max_kib: AtomicU32,
+    writeback_order: AtomicU8,
+    writeback_max_inflight: AtomicU32,
+    writeback_max_io_kib: AtomicU32,
 }
 
 impl Default for Tunables {
@@ -166,6 +301,16 @@ impl Default for Tunables {
             promotion: AtomicU8::new(PromotionPolicy::Always as u8),
             promotion_nhit: AtomicU32::new(0),
             promotion_window_secs: AtomicU32::new(0),
+            writeback_pi: AtomicBool::new(false),
+            writeback_target_pct: AtomicU32::new(0),
+            writeback_high_pct: AtomicU32::new(0),
+            writeback_low_pct: AtomicU32::new(0),
+            writeback_max_age_secs: AtomicU32::new(0),
+            writeback_idle_delay_ms: AtomicU32::new(0),
+            writeback_rate_max_kib: AtomicU32::new(0),
+            writeback_order: AtomicU8::new(0),
+            writeback_max_inflight: AtomicU32::new(1),
+            writeback_max_io_kib: AtomicU32::new(MIN_WRITEBACK_IO_KIB),
         };
         for p in PARAMS {
             if let Ok(s) = parse(p.name, p.default) {
@@ -199,6 +344,54 @@ impl Tunables {
         self.promotion_window_secs.load(Ordering::Relaxed)
     }
 
+    /// Whether the PI controller steers the dirty level.
+    pub fn writeback_pi(&self) -> bool {
+        self.writeback_pi.load(Ordering::Relaxed)
+    }
+
+    pub fn writeback_target_pct(&self) -> u32 {
+        self.writeback_target_pct.load(Ordering::Relaxed)
+    }
+
+    pub fn writeback_high_pct(&self) -> u32 {
+        self.writeback_high_pct.load(Ordering::Relaxed)
+    }
+
+    /// The low watermark in effect: below the high one whatever was set.
+    pub fn writeback_low_pct(&self) -> u32 {
+        let high = self.writeback_high_pct();
+        self.writeback_low_pct
+            .load(Ordering::Relaxed)
+            .min(high.saturating_sub(1))
+    }
+
+    /// `None` = off.
+    pub fn writeback_max_age_secs(&self) -> Option<u32> {
+        Some(self.writeback_max_age_secs.load(Ordering::Relaxed)).filter(|&v| v > 0)
+    }
+
+    /// `None` = off.
+    pub fn writeback_idle_delay_ms(&self) -> Option<u32> {
+        Some(self.writeback_idle_delay_ms.load(Ordering::Relaxed)).filter(|&v| v > 0)
+    }
+
+    /// Cap on background write-back in bytes per second; `None` = no cap.
+    pub fn writeback_rate_max_bytes(&self) -> Option<u64> {
+        kib_to_bytes(self.writeback_rate_max_kib.load(Ordering::Relaxed))
+    }
+
+    pub fn writeback_order(&self) -> ReclaimPolicy {
+        ReclaimPolicy::from_u8(self.writeback_order.load(Ordering::Relaxed)).unwrap_or_default()
+    }
+
+    pub fn writeback_max_inflight(&self) -> usize {
+        self.writeback_max_inflight.load(Ordering::Relaxed).max(1) as usize
+    }
+
+    pub fn writeback_max_io_bytes(&self) -> u64 {
+        self.writeback_max_io_kib.load(Ordering::Relaxed) as u64 * 1024
+    }
+
     /// Stores a checked value; the reclaim policy is the engine's, not stored here.
     fn apply(&self, s: Setting) {
         match s {
@@ -210,6 +403,24 @@ impl Tunables {
             Setting::PromotionWindowSecs(v) => {
                 self.promotion_window_secs.store(v, Ordering::Relaxed)
             }
+            Setting::WritebackController(v) => self.writeback_pi.store(v, Ordering::Relaxed),
+            Setting::WritebackTargetPct(v) => self.writeback_target_pct.store(v, Ordering::Relaxed),
+            Setting::WritebackHighPct(v) => self.writeback_high_pct.store(v, Ordering::Relaxed),
+            Setting::WritebackLowPct(v) => self.writeback_low_pct.store(v, Ordering::Relaxed),
+            Setting::WritebackMaxAgeSecs(v) => {
+                self.writeback_max_age_secs.store(v, Ordering::Relaxed)
+            }
+            Setting::WritebackIdleDelayMs(v) => {
+                self.writeback_idle_delay_ms.store(v, Ordering::Relaxed)
+            }
+            Setting::WritebackRateMaxKib(v) => {
+                self.writeback_rate_max_kib.store(v, Ordering::Relaxed)
+            }
+            Setting::WritebackOrder(v) => self.writeback_order.store(v as u8, Ordering::Relaxed),
+            Setting::WritebackMaxInflight(v) => {
+                self.writeback_max_inflight.store(v, Ordering::Relaxed)
+            }
+            Setting::WritebackMaxIoKib(v) => self.writeback_max_io_kib.store(v, Ordering::Relaxed),
         }
     }
 }
@@ -230,6 +441,23 @@ impl Cache {
             "promotion" => t.promotion().to_string(),
             "promotion_nhit" => t.promotion_nhit().to_string(),
             "promotion_window_secs" => t.promotion_window_secs().to_string(),
+            "writeback_controller" => if t.writeback_pi() { "pi" } else { "off" }.to_string(),
+            "writeback_dirty_target_pct" => t.writeback_target_pct().to_string(),
+            "writeback_dirty_high_pct" => t.writeback_high_pct().to_string(),
+            "writeback_dirty_low_pct" => t.writeback_low_pct.load(Ordering::Relaxed).to_string(),
+            "writeback_max_age_secs" => {
+                t.writeback_max_age_secs.load(Ordering::Relaxed).to_string()
+            }
+            "writeback_idle_delay_ms" => t
+                .writeback_idle_delay_ms
+                .load(Ordering::Relaxed)
+                .to_string(),
+            "writeback_rate_max_kib" => {
+                t.writeback_rate_max_kib.load(Ordering::Relaxed).to_string()
+            }
+            "writeback_order" => t.writeback_order().to_string(),
+            "writeback_max_inflight" => t.writeback_max_inflight().to_string(),
+            "writeback_max_io_kib" => t.writeback_max_io_kib.load(Ordering::Relaxed).to_string(),
             _ => unreachable!("every entry of PARAMS has a value"),
         })
     }
@@ -239,6 +467,10 @@ impl Cache {
         match parse(name, value)? {
             Setting::ReclaimPolicy(p) => self.set_reclaim_policy(p),
             s => self.engine().tunables.apply(s),
+        }
+        if name.starts_with("writeback_") {
+            // The cleaner re-plans at once (a new target, rate or watermark).
+            self.engine().wake_writeback();
         }
         tracing::info!(name, value = value.trim(), "parameter changed");
         Ok(())
@@ -268,6 +500,48 @@ mod tests {
         assert_eq!(t.promotion(), PromotionPolicy::Always);
         assert_eq!(t.promotion_nhit(), 2);
         assert_eq!(t.promotion_window_secs(), 300);
+        assert!(t.writeback_pi());
+        assert_eq!(t.writeback_target_pct(), 10);
+        assert_eq!(t.writeback_high_pct(), 70);
+        assert_eq!(t.writeback_low_pct(), 50);
+        assert_eq!(t.writeback_max_age_secs(), None);
+        assert_eq!(t.writeback_idle_delay_ms(), None);
+        assert_eq!(t.writeback_rate_max_bytes(), None);
+        assert_eq!(t.writeback_order(), ReclaimPolicy::Fifo);
+        assert_eq!(t.writeback_max_inflight(), 4);
+        assert_eq!(t.writeback_max_io_bytes(), 1 << 20);
+    }
+
+    #[test]
+    fn writeback_values_apply_and_the_low_watermark_stays_below_the_high_one() {
+        let t = Tunables::default();
+        for (name, value) in [
+            ("writeback_controller", "OFF"),
+            ("writeback_dirty_high_pct", "30"),
+            ("writeback_dirty_low_pct", "60"),
+            ("writeback_max_age_secs", "86400"),
+            ("writeback_idle_delay_ms", "3600000"),
+            ("writeback_rate_max_kib", "16777216"),
+            ("writeback_order", "lru"),
+            ("writeback_max_inflight", "64"),
+            ("writeback_max_io_kib", "4"),
+        ] {
+            t.apply(parse(name, value).unwrap_or_else(|e| panic!("{e}")));
+        }
+        assert!(!t.writeback_pi());
+        assert_eq!(
+            t.writeback_low_pct(),
+            29,
+            "effective low is min(low, high - 1)"
+        );
+        assert_eq!(t.writeback_max_age_secs(), Some(86_400));
+        assert_eq!(t.writeback_idle_delay_ms(), Some(3_600_000));
+        assert_eq!(t.writeback_rate_max_bytes(), Some(16 << 30));
+        assert_eq!(t.writeback_order(), ReclaimPolicy::Lru);
+        assert_eq!(t.writeback_max_inflight(), 64);
+        assert_eq!(t.writeback_max_io_bytes(), 4096);
+        t.apply(parse("writeback_dirty_high_pct", "1").unwrap());
+        assert_eq!(t.writeback_low_pct(), 0);
     }
 
     #[test]
@@ -281,6 +555,19 @@ mod tests {
             ("promotion", "sometimes"),
             ("reclaim_policy", "random"),
             ("sequential_cutoff_read_kib", "4M"),
+            ("writeback_controller", "pid"),
+            ("writeback_dirty_target_pct", "101"),
+            ("writeback_dirty_high_pct", "0"),
+            ("writeback_dirty_high_pct", "101"),
+            ("writeback_dirty_low_pct", "100"),
+            ("writeback_max_age_secs", "86401"),
+            ("writeback_idle_delay_ms", "3600001"),
+            ("writeback_rate_max_kib", "16777217"),
+            ("writeback_order", "random"),
+            ("writeback_max_inflight", "0"),
+            ("writeback_max_inflight", "65"),
+            ("writeback_max_io_kib", "3"),
+            ("writeback_max_io_kib", "16385"),
         ] {
             let e = validate(name, value).unwrap_err();
             let allowed = info(name).unwrap().allowed;
@@ -293,6 +580,16 @@ mod tests {
             ("promotion_nhit", "255"),
             ("promotion", "NHIT"),
             ("reclaim_policy", "fifo"),
+            ("writeback_controller", "pi"),
+            ("writeback_dirty_target_pct", "0"),
+            ("writeback_dirty_target_pct", "100"),
+            ("writeback_dirty_high_pct", "1"),
+            ("writeback_dirty_low_pct", "99"),
+            ("writeback_max_age_secs", "0"),
+            ("writeback_rate_max_kib", "0"),
+            ("writeback_order", "FIFO"),
+            ("writeback_max_inflight", "1"),
+            ("writeback_max_io_kib", "16384"),
         ] {
             validate(name, value).unwrap_or_else(|e| panic!("{e}"));
         }

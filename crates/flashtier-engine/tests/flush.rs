@@ -62,6 +62,9 @@ fn flush_writes_everything_back_and_the_backing_is_durable() {
 #[test]
 fn cancelled_flush_marks_clean_only_what_it_wrote_durably() {
     let (bdev, gate, c, expected) = dirty_setup();
+    // One write in flight, so "the write in flight" is exactly the parked one (with more, the
+    // writes running beside it would finish and be marked clean too).
+    c.set_param("writeback_max_inflight", "1").unwrap();
     let cancel = Arc::new(AtomicBool::new(false));
     gate.park_next_write_at(LBAS[1] * BS);
     let pass = {

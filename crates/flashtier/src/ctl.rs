@@ -1,8 +1,8 @@
-//! The control subcommands: `status`, `stats`, `get`, `set`, `mode`, `flush`, `reset-stats`. Each
-//! talks to
-//! a running `flashtier serve` over its control socket (flashtier_control::Client).
+//! The control subcommands: `status`, `stats`, `get`, `set`, `mode`, `flush`, `reset-stats`,
+//! `detach`, `attach`. Each talks to a running `flashtier serve` over its control socket
+//! (flashtier_control::Client).
 
-use std::io::{IsTerminal, Write};
+use std::io::{BufRead, IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -131,6 +131,61 @@ pub struct ResetStatsArgs {
     control: ControlOpt,
 }
 
+#[derive(Args, Debug)]
+#[command(after_help = "\
+Without --force: every dirty block is written back to the backing store (progress bar on stderr, \
+as for `flashtier flush`; the cache keeps serving meanwhile) and the cache switches to \
+passthrough; then the export serves the backing store directly, once the requests in flight \
+through the cache are answered (clients stay connected), and the cache is released: closed, and \
+its device formatted empty, because it would hold stale data as soon as the backing store \
+changes. The backing store then holds everything, so it can be copied, snapshotted or moved. \
+Interrupting this command (Ctrl-C) does not stop the detach.\n\n\
+While detached, `flashtier status` shows `cache: detached`; get, set, mode and flush are refused. \
+`flashtier attach` brings an empty cache back (the released device, or another one).\n\n\
+With --force, nothing is written back: writes that clients were told are done, but that are only \
+in the cache, are LOST, and the backing store is served with the older data. Use it only when the \
+backing store cannot take the write-back (it is failing) or the data does not matter. It asks \
+you to type `discard` first; without a terminal it needs --yes-discard-dirty-data.")]
+pub struct DetachArgs {
+    /// Do not write dirty blocks back: discard them (data loss; see below). Asks for
+    /// confirmation.
+    #[arg(long)]
+    force: bool,
+    /// Confirm --force without the interactive question (for scripts).
+    #[arg(long, requires = "force")]
+    yes_discard_dirty_data: bool,
+    /// Start the detach and return at once; `flashtier status` shows the progress.
+    #[arg(long)]
+    no_wait: bool,
+    #[command(flatten)]
+    control: ControlOpt,
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "\
+The device is formatted empty for this server's backing store before it is used: whatever it held \
+is stale, since the backing store was served (and written) without a cache. A device holding a \
+flashtier cache other than the one detached from this server (another backing store's, maybe \
+with dirty data nobody has written back) is refused unless --force. A new device is formatted \
+with the `flashtier format` defaults (4 KiB blocks, 4 MiB segments, reclaim lru); the released \
+device keeps its geometry. The live parameters the detached cache had (or the server's config \
+file [policy] and --set) apply to the new cache. Clients stay connected throughout.")]
+pub struct AttachArgs {
+    /// The cache file or device. [default: the device released by `flashtier detach`]
+    #[arg(long, value_name = "FILE|DEVICE")]
+    cache: Option<PathBuf>,
+    /// writeback, writethrough, writearound or passthrough. [default: the mode the detached
+    /// cache had, else serve's --mode, else writeback]
+    #[arg(long)]
+    mode: Option<String>,
+    /// Format the device even if it holds another flashtier cache; whatever that cache held
+    /// that its backing store lacks is lost.
+    #[arg(long)]
+    force: bool,
+    #[command(flatten)]
+    control: ControlOpt,
+}
+
 /// The parameter list for `set --help` and `get --help`.
 fn params_help() -> String {
     let mut s = String::from("Parameters (applied live, from the next request):\n");
@@ -252,6 +307,91 @@ pub fn mode(args: ModeArgs) -> anyhow::Result<()> {
 pub fn reset_stats(args: ResetStatsArgs) -> anyhow::Result<()> {
     args.control.connect()?.reset_stats()?;
     println!("statistics reset");
+    Ok(())
+}
+
+pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
+    let mut client = args.control.connect()?;
+    if args.force {
+        let report = client.report()?;
+        if let Some(c) = &report.status.cache_status {
+            eprintln!(
+                "flashtier: WARNING: detach --force DISCARDS the cache's dirty data: {} ({} \
+                 blocks) that clients wrote but the backing store does not have yet will be \
+                 LOST, and the backing store will be served with the older data in its place. \
+                 `flashtier detach` without --force writes it back first.",
+                fmt_bytes(c.dirty_bytes),
+                c.dirty_blocks
+            );
+        }
+        if !args.yes_discard_dirty_data {
+            confirm_discard()?;
+        }
+    }
+    let dirty = client.detach(args.force)?;
+    if args.no_wait {
+        eprintln!("flashtier: detaching in the background; `flashtier status` shows the progress");
+        return Ok(());
+    }
+    let job = wait_for_job(&mut client, !args.force)?;
+    if let Some(e) = &job.error {
+        anyhow::bail!(
+            "the detach failed: {e} (`flashtier status` shows whether the cache is still attached)"
+        );
+    }
+    if args.force {
+        println!(
+            "detached: {dirty} dirty blocks discarded; the backing store is served directly \
+             (`flashtier attach` brings an empty cache back)"
+        );
+    } else {
+        println!(
+            "detached: the backing store holds everything and is served directly \
+             (`flashtier attach` brings an empty cache back)"
+        );
+    }
+    Ok(())
+}
+
+/// Asks for `discard` on the terminal; refuses without one.
+fn confirm_discard() -> anyhow::Result<()> {
+    if !std::io::stdin().is_terminal() {
+        anyhow::bail!(
+            "refusing to discard dirty data without confirmation: stdin is not a terminal. Pass \
+             --yes-discard-dirty-data to confirm, or run `flashtier detach` without --force, \
+             which writes the data back first"
+        );
+    }
+    eprint!("flashtier: type `discard` to discard the dirty data and detach: ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    if answer.trim() != "discard" {
+        anyhow::bail!("not confirmed; nothing was changed");
+    }
+    Ok(())
+}
+
+pub fn attach(args: AttachArgs) -> anyhow::Result<()> {
+    let mut client = args.control.connect()?;
+    // The server resolves the path, from its own working directory.
+    let cache = args
+        .cache
+        .as_deref()
+        .map(std::path::absolute)
+        .transpose()
+        .context("cannot resolve the --cache path")?;
+    let cache = cache
+        .as_deref()
+        .map(|p| p.to_str().context("the --cache path is not UTF-8"))
+        .transpose()?;
+    let a = client.attach(cache, args.mode.as_deref(), args.force)?;
+    println!(
+        "attached: {} ({} of cache, mode {}, empty); the export serves through it",
+        a.device,
+        fmt_bytes(a.capacity_bytes),
+        a.mode
+    );
     Ok(())
 }
 

@@ -404,7 +404,9 @@ fn run_in(dir: &Path, args: &DemoArgs) -> anyhow::Result<()> {
         writes_per_thread,
         BLOCK as u64,
         |t, i| {
-            let mut rng = (t as u64 + 1) * 0x2545_f491_4f6c_dd1d + i as u64;
+            let mut rng = (t as u64 + 1)
+                .wrapping_mul(0x2545_f491_4f6c_dd1d)
+                .wrapping_add(i as u64);
             // Each thread owns the blocks ≡ t (mod threads), so the model is exact without locks.
             let block = (next_random(&mut rng) as usize % (working_set / threads)) * threads + t;
             let generation = model.get(block) + 1;

@@ -19,8 +19,8 @@ use clap::{Parser, Subcommand};
 cloud volume, any NBD server) and exports the result over the NBD protocol, so the Linux kernel \
 client, qemu, libnbd's tools (nbdinfo, nbdcopy, nbdfuse) and fio can use it as an ordinary block \
 device.\n\nStart with `flashtier demo`, then `flashtier serve --help`. While a server runs, \
-`flashtier status`, `stats`, `get`, `set`, `mode` and `reset-stats` operate it through its control \
-socket."
+`flashtier status`, `stats`, `get`, `set`, `mode`, `flush`, `reset-stats`, `detach` and `attach` \
+operate it through its control socket."
 )]
 struct Cli {
     /// Log filter for messages on stderr: error, warn, info, debug, trace, or per-module
@@ -63,6 +63,13 @@ enum Command {
     /// Start a running server's counters, windows and latency histograms again from zero (the
     /// cache's contents are untouched).
     ResetStats(ctl::ResetStatsArgs),
+    /// Take the cache out of a running server: write every dirty block back, then serve the
+    /// backing store directly and release the cache device (formatted empty). --force discards
+    /// dirty data instead (asks for confirmation).
+    Detach(ctl::DetachArgs),
+    /// Put a cache back into a running server (the device `detach` released, or --cache PATH),
+    /// formatted empty first: what it held is stale.
+    Attach(ctl::AttachArgs),
     /// Work with config files (`flashtier config check FILE`).
     Config(config_cmd::ConfigArgs),
 }
@@ -97,6 +104,8 @@ fn main() {
         Command::Mode(args) => ctl::mode(args),
         Command::Flush(args) => ctl::flush(args),
         Command::ResetStats(args) => ctl::reset_stats(args),
+        Command::Detach(args) => ctl::detach(args),
+        Command::Attach(args) => ctl::attach(args),
         Command::Config(args) => config_cmd::run(args),
     };
     if let Err(e) = result {

@@ -8,8 +8,8 @@ use anyhow::Context;
 use clap::Args;
 use flashtier_control::config::{self, Config};
 use flashtier_control::{
-    ControlError, ControlPlane, ControlPlaneOptions, Controller, ControllerOptions, PersistFn,
-    Timed,
+    ControlError, ControlPlane, ControlPlaneOptions, Controller, ControllerOptions, DetachOptions,
+    PersistFn, Switchable, Timed,
 };
 use flashtier_engine::{Cache, Mode};
 use flashtier_io::BlockDev;
@@ -40,7 +40,8 @@ pub struct ServeArgs {
     pub backing: Option<String>,
 
     /// Cache file or device, prepared with `flashtier format` for this backing store. Without
-    /// it, the backing store is served as is (pass-through).
+    /// it, the backing store is served as is (pass-through) until `flashtier attach --cache`
+    /// adds one.
     #[arg(long, value_name = "FILE|DEVICE")]
     pub cache: Option<String>,
 
@@ -247,10 +248,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let inner: Arc<dyn BlockDev> = match &cache {
         Some(c) => c.clone(),
-        None => backing,
+        None => backing.clone(),
     };
+    // `flashtier detach` and `attach` swap what is exported underneath the clients.
+    let export = Arc::new(Switchable::new(inner));
     // Every request the clients make is timed, cache or pass-through.
-    let timed = Arc::new(Timed::new(inner));
+    let timed = Arc::new(Timed::new(export.clone()));
+    let identity = backing_identity(&args.backing, backing.info().size)?;
+    let backing_name = identity.name.clone();
     let controller = Arc::new(Controller::new(ControllerOptions {
         dev: timed.clone(),
         cache: cache.clone(),
@@ -261,6 +266,16 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             Box::new(move |name: &str, value: &str| {
                 config::persist(&path, name, value).map_err(Into::into)
             }) as PersistFn
+        }),
+        detach: Some(DetachOptions {
+            export,
+            backing,
+            identity,
+            open_device: Box::new(move |path: &str| {
+                open_attached_device(path, &backing_name).map_err(|e| format!("{e:#}").into())
+            }),
+            policy: args.policy.clone(),
+            mode: args.mode,
         }),
     }));
     let mut export = Export::new(args.export_name.clone(), timed);
@@ -288,10 +303,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         export.dev.describe(),
         fmt_bytes(export.dev.info().size),
     );
+    // From here on the controller holds the cache (detach may release it, attach replace it).
+    drop(cache);
     let server = Server::new(export, server_config)?;
     // Before the socket exists: a signal sent as soon as a script sees it must already be graceful.
     install_signal_handlers(server.shutdown_handle())?;
-    let plane = start_control_plane(controller, &args)?;
+    let plane = start_control_plane(controller.clone(), &args)?;
     let listener = Listener::bind(&listen)?;
     let uri = match listener.addr() {
         ListenAddr::Unix(p) => format!("nbd+unix:///{}?socket={}", args.export_name, p.display()),
@@ -308,7 +325,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(socket) = plane.control_socket() {
         writeln!(
             out,
-            "flashtier: control socket {} (flashtier status, stats, get, set, mode, reset-stats)",
+            "flashtier: control socket {} (flashtier status, stats, get, set, mode, flush, \
+             detach, attach, reset-stats)",
             socket.display()
         )?;
     }
@@ -338,7 +356,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     drop(server);
     // Stop answering control requests before the cache closes under them.
     plane.stop();
-    if let Some(cache) = cache {
+    // The cache attached now (a detach releasing it finishes first).
+    if let Some(cache) = controller.take_cache() {
         // The server has flushed; a final checkpoint makes the next start near-instant.
         let status = cache.status();
         cache.close().context("closing the cache failed")?;
@@ -428,6 +447,15 @@ fn open_cache(
             .with_context(|| format!("parameter {name} = {value}"))?;
     }
     Ok(Arc::new(cache))
+}
+
+/// Opens `flashtier attach --cache PATH` as `--cache` is opened, refusing the backing store
+/// itself (`backing_name`: its canonical path), which the format that follows would destroy.
+fn open_attached_device(path: &str, backing_name: &str) -> anyhow::Result<Arc<dyn BlockDev>> {
+    if std::fs::canonicalize(path).is_ok_and(|p| p.to_string_lossy() == backing_name) {
+        anyhow::bail!("{path} is the backing store itself");
+    }
+    open_cache_device(path)
 }
 
 /// First SIGINT/SIGTERM: graceful shutdown. A second one: exit at once.

@@ -3,7 +3,8 @@
 //! restart reading it), `mode` (writing dirty data back with progress), `flush` (blocking,
 //! `--background`, `--cancel`, over a slow NBD backing store), `reset-stats`, the stats
 //! file and its JSON, Prometheus metrics read by the reference Python parser, `config check`,
-//! and the error when no server answers.
+//! a failing backing store (nbdkit's error filter: degraded, dirty data kept, EIO on read
+//! misses, recovery), and the error when no server answers.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -150,6 +151,12 @@ fn status_u64(report: &Value, name: &str) -> u64 {
 
 /// Runs qemu-io on `uri` with `commands`; every command must succeed.
 fn qemu_io(uri: &str, commands: &[String]) {
+    let (ok, all) = try_qemu_io(uri, commands);
+    assert!(ok, "qemu-io {commands:?} failed:\n{all}");
+}
+
+/// Runs qemu-io on `uri` with `commands`: whether all succeeded, and its output (lowercase).
+fn try_qemu_io(uri: &str, commands: &[String]) -> (bool, String) {
     require("qemu-io");
     let mut cmd = Command::new("qemu-io");
     cmd.args(["-f", "raw", uri]);
@@ -158,10 +165,8 @@ fn qemu_io(uri: &str, commands: &[String]) {
     }
     let out = run_any(&mut cmd);
     let all = text(&out).to_lowercase();
-    assert!(
-        out.status.success() && !all.contains("fail") && !all.contains("error"),
-        "qemu-io {commands:?} failed:\n{all}"
-    );
+    let ok = out.status.success() && !all.contains("fail") && !all.contains("error");
+    (ok, all)
 }
 
 /// Reads `[start, start + len)` sequentially in 256 KiB requests, one at a time.
@@ -187,6 +192,29 @@ fn settled(setup: &Setup, f: impl Fn(&Value) -> Vec<u64>) -> Value {
         }
         last = now;
     }
+}
+
+/// nbdkit's file plugin serving `img` on a unix socket in `dir`, with `filters` and plugin or
+/// filter `params`; returns the process (killed on drop) and its URI.
+fn nbdkit_file(dir: &Path, img: &Path, filters: &[&str], params: &[&str]) -> (KillOnDrop, String) {
+    require("nbdkit");
+    let sock = dir.join("nbdkit.sock");
+    let nbdkit = KillOnDrop(Some(
+        Command::new("nbdkit")
+            .args(["-f", "--exit-with-parent", "-U"])
+            .arg(&sock)
+            .args(filters)
+            .arg("file")
+            .arg(img)
+            .args(params)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("cannot start nbdkit"),
+    ));
+    wait_until(Duration::from_secs(10), "nbdkit's socket", || sock.exists());
+    (nbdkit, format!("nbd+unix:///?socket={}", sock.display()))
 }
 
 #[test]
@@ -723,22 +751,12 @@ fn flush_writes_back_in_the_foreground_background_and_can_be_cancelled() {
     let dir = Scratch::new();
     let img = dir.path().join("slow.img");
     sparse_file(&img, FLUSH_BLOCKS * FLUSH_STRIDE);
-    let sock = dir.path().join("nbdkit.sock");
-    let _nbdkit = KillOnDrop(Some(
-        Command::new("nbdkit")
-            .args(["-f", "--exit-with-parent", "-U"])
-            .arg(&sock)
-            .args(["--filter=noparallel", "--filter=delay", "file"])
-            .arg(&img)
-            .args(["serialize=all-requests", "wdelay=10ms"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("cannot start nbdkit"),
-    ));
-    wait_until(Duration::from_secs(10), "nbdkit's socket", || sock.exists());
-    let uri = format!("nbd+unix:///?socket={}", sock.display());
+    let (_nbdkit, uri) = nbdkit_file(
+        dir.path(),
+        &img,
+        &["--filter=noparallel", "--filter=delay"],
+        &["serialize=all-requests", "wdelay=10ms"],
+    );
     let setup = Setup::format(dir, img, uri, "32M");
     let server = setup.serve(&[]);
     let pattern = |i: u64| 1 + (i % 250);
@@ -806,6 +824,115 @@ fn flush_writes_back_in_the_foreground_background_and_can_be_cancelled() {
             "block {i} is not on the backing store after flush"
         );
     }
+    server.stop();
+}
+
+/// Blocks written in the backing-faults test, 64 KiB apart.
+const FAULT_BLOCKS: u64 = 64;
+const FAULT_STRIDE: u64 = 64 << 10;
+
+#[test]
+fn a_failing_backing_store_degrades_the_volume_keeps_dirty_data_and_recovers() {
+    // nbdkit's error filter fails every read, write, zero or trim while its trigger file exists.
+    let dir = Scratch::new();
+    let img = dir.path().join("backing.img");
+    random_file(
+        &img,
+        (4 * MIB) as usize + (FAULT_BLOCKS * FAULT_STRIDE) as usize,
+        23,
+    );
+    let triggers = dir.path().to_path_buf();
+    let trigger = |op: &str| triggers.join(format!("fail-{op}"));
+    let params: Vec<String> = ["pread", "pwrite", "zero", "trim"]
+        .iter()
+        .flat_map(|op| {
+            let file = match *op {
+                "zero" => trigger("pwrite"),
+                _ => trigger(op),
+            };
+            [
+                format!("error-{op}-rate=100%"),
+                format!("error-{op}-file={}", file.display()),
+            ]
+        })
+        .collect();
+    let params: Vec<&str> = params.iter().map(String::as_str).collect();
+    let (_nbdkit, uri) = nbdkit_file(dir.path(), &img, &["--filter=error"], &params);
+    let fail = |op: &str| std::fs::write(trigger(op), b"").unwrap();
+    let heal = |op: &str| std::fs::remove_file(trigger(op)).unwrap();
+    let setup = Setup::format(dir, img.clone(), uri, "32M");
+    let mut server = setup.serve(&[]);
+    let health = |r: &Value| r["status"]["health"].as_str().unwrap().to_string();
+    let base = 4 * MIB;
+    let pattern = |i: u64| 1 + (i % 250);
+    let writes: Vec<String> = (0..FAULT_BLOCKS)
+        .map(|i| format!("write -P {} {} 4k", pattern(i), base + i * FAULT_STRIDE))
+        .collect();
+    let reads: Vec<String> = (0..FAULT_BLOCKS)
+        .map(|i| format!("read -P {} {} 4k", pattern(i), base + i * FAULT_STRIDE))
+        .collect();
+    qemu_io(&server.uri, &writes);
+    assert_eq!(status_u64(&setup.report(), "dirty_blocks"), FAULT_BLOCKS);
+    assert_eq!(health(&setup.report()), "ok");
+
+    // A trim the backing store refuses reaches the client and degrades the volume.
+    fail("trim");
+    let (ok, out) = try_qemu_io(&server.uri, &["discard 0 1M".into()]);
+    assert!(!ok && out.contains("input/output error"), "{out}");
+    let report = setup.report();
+    assert!(
+        health(&report).starts_with("degraded: backing store trim failed"),
+        "{report}"
+    );
+    heal("trim");
+
+    // Writes fail: the flush fails, clearly; the volume is degraded; the dirty data stays and
+    // reads back; the server keeps serving.
+    fail("pwrite");
+    let backing_errors = counter(&setup.report(), "backing_errors");
+    let err = setup.ctl_fails(&["flush"]);
+    assert!(err.contains("Input/output error"), "{err}");
+    let report = setup.report();
+    assert!(
+        health(&report).starts_with("degraded: backing store write failed"),
+        "{report}"
+    );
+    assert!(
+        counter(&report, "backing_errors") > backing_errors,
+        "{report}"
+    );
+    assert_eq!(
+        status_u64(&report, "dirty_blocks"),
+        FAULT_BLOCKS,
+        "{report}"
+    );
+    let status = setup.ctl_ok(&["status"]);
+    assert!(status.contains("degraded"), "{status}");
+    qemu_io(&server.uri, &reads);
+    assert!(server.is_running(), "the server died:\n{}", server.log());
+
+    // A read miss the backing store fails reaches the client as EIO; cached blocks still read.
+    fail("pread");
+    let (ok, out) = try_qemu_io(&server.uri, &["read 0 64k".into()]);
+    assert!(!ok && out.contains("input/output error"), "{out}");
+    qemu_io(&server.uri, &reads);
+    heal("pread");
+
+    // The backing store heals: a flush writes everything back and the volume is ok again.
+    heal("pwrite");
+    setup.ctl_ok(&["flush"]);
+    let report = setup.report();
+    assert_eq!(health(&report), "ok", "{report}");
+    assert_eq!(status_u64(&report, "dirty_blocks"), 0, "{report}");
+    let data = std::fs::read(&img).unwrap();
+    for i in 0..FAULT_BLOCKS {
+        let at = (base + i * FAULT_STRIDE) as usize;
+        assert!(
+            data[at..at + 4096].iter().all(|&b| b as u64 == pattern(i)),
+            "block {i} is not on the backing store after the flush"
+        );
+    }
+    qemu_io(&server.uri, &["read 0 64k".into()]);
     server.stop();
 }
 

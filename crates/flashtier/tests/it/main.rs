@@ -7,6 +7,7 @@
 mod cache_cli;
 mod control;
 mod crash;
+mod detach;
 mod harness;
 mod mariadb;
 mod protocol;
