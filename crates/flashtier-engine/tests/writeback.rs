@@ -9,6 +9,8 @@
 //!   read back, and a later pass writes that back.
 //! - The drain: writes sorted by address and coalesced up to `writeback_max_io_kib`, several in
 //!   flight (a device wrapper records sizes and concurrency); one in flight when so set.
+//! - Clients first: while client reads keep the backing store busy, background write-back runs
+//!   one write at a time (and still progresses); in parallel once they stop.
 //! - The rate cap holds (bytes written over a measured interval).
 //! - A failing backing store: the cleaner retries with backoff, counts retries, keeps the dirty
 //!   data, and drains once the store works again.
@@ -32,6 +34,8 @@ const BACKING: u64 = 64 * MIB;
 struct Recorder {
     inner: Arc<dyn BlockDev>,
     delay: Duration,
+    /// Milliseconds each read takes (0 at first): slow client reads keep the backing store busy.
+    read_delay_ms: AtomicU64,
     writes: Mutex<Vec<(u64, u64)>>,
     inflight: AtomicU64,
     max_inflight: AtomicU64,
@@ -42,6 +46,7 @@ impl Recorder {
         Arc::new(Recorder {
             inner,
             delay,
+            read_delay_ms: AtomicU64::new(0),
             writes: Mutex::new(Vec::new()),
             inflight: AtomicU64::new(0),
             max_inflight: AtomicU64::new(0),
@@ -61,6 +66,9 @@ impl BlockDev for Recorder {
         "recorder".into()
     }
     fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        std::thread::sleep(Duration::from_millis(
+            self.read_delay_ms.load(Ordering::SeqCst),
+        ));
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> std::io::Result<()> {
@@ -371,6 +379,63 @@ fn the_drain_is_sorted_coalesced_and_parallel() {
     assert_eq!(rec.max_inflight.load(Ordering::SeqCst), 1);
     assert_eq!(rec.take().len(), 16);
     expect_block(&c, 1100, 7);
+}
+
+/// While client reads keep the backing store busy, a background pass (here: max age) writes one
+/// run at a time, and still makes progress; once the clients stop, its writes go in parallel.
+#[test]
+fn clients_at_the_backing_store_keep_priority_over_background_write_back() {
+    let rec = Recorder::new(
+        Arc::new(MemDev::new(BACKING as usize)),
+        Duration::from_millis(20),
+    );
+    let c = cache_over(rec.clone(), 16);
+    set(&c, "writeback_max_io_kib", "64");
+    set(&c, "writeback_max_inflight", "4");
+    // 64 runs of 16 blocks, apart from each other: 64 writes of 64 KiB.
+    for run in 0..64 {
+        write_blocks(&c, run * 32, 16, 1);
+    }
+    rec.read_delay_ms.store(30, Ordering::SeqCst);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..4u64)
+        .map(|t| {
+            let (c, stop) = (c.clone(), stop.clone());
+            std::thread::spawn(move || {
+                // Misses, each from a block never read before; four threads, so one is nearly
+                // always at the backing store.
+                let mut lba = 8192 + t * 1000;
+                let mut buf = vec![0u8; BS as usize];
+                while !stop.load(Ordering::Acquire) {
+                    c.read_at(&mut buf, lba * BS).unwrap();
+                    lba += 1;
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(100));
+    rec.take();
+    set(&c, "writeback_max_age_secs", "1");
+    let progressed = eventually(20, || rec.writes.lock().unwrap().len() >= 8);
+    let busy_most = rec.max_inflight.load(Ordering::SeqCst);
+    stop.store(true, Ordering::Release);
+    for r in readers {
+        r.join().unwrap();
+    }
+    assert!(progressed, "no background write-back under client load");
+    assert_eq!(
+        busy_most, 1,
+        "background write-back ran {busy_most} writes at once while clients used the backing store"
+    );
+    rec.read_delay_ms.store(0, Ordering::SeqCst);
+    rec.take();
+    assert!(eventually(20, || dirty(&c) == 0), "{:?}", c.status());
+    let idle_most = rec.max_inflight.load(Ordering::SeqCst);
+    assert!(
+        idle_most >= 2,
+        "background write-back stayed at {idle_most} write in flight without client load"
+    );
+    expect_block(&c, 63 * 32 + 15, 1);
 }
 
 #[test]

@@ -3,8 +3,8 @@
 //! restart reading it), `mode` (writing dirty data back with progress), `flush` (blocking,
 //! `--background`, `--cancel`, over a slow NBD backing store), `reset-stats`, the stats
 //! file and its JSON, Prometheus metrics read by the reference Python parser, `config check`,
-//! a failing backing store (nbdkit's error filter: degraded, dirty data kept, EIO on read
-//! misses, recovery), and the error when no server answers.
+//! a failing backing store (nbdkit's error filter: degraded, dirty data kept, background
+//! write-back retried, EIO on read misses, recovery), and the error when no server answers.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -918,8 +918,35 @@ fn a_failing_backing_store_degrades_the_volume_keeps_dirty_data_and_recovers() {
     qemu_io(&server.uri, &reads);
     heal("pread");
 
-    // The backing store heals: a flush writes everything back and the volume is ok again.
+    // Background write-back (here: whenever the backing store is idle) retries with backoff
+    // while writes fail, and keeps every dirty block.
+    setup.ctl_ok(&["set", "writeback_idle_delay_ms", "1"]);
+    wait_until(
+        Duration::from_secs(30),
+        "background write-back retries",
+        || {
+            let r = setup.report();
+            counter(&r, "writeback_retries") >= 2 && r["status"]["writeback"]["state"] == "retrying"
+        },
+    );
+    let report = setup.report();
+    assert_eq!(
+        status_u64(&report, "dirty_blocks"),
+        FAULT_BLOCKS,
+        "{report}"
+    );
+    assert!(
+        health(&report).contains("write-back attempts failed in a row"),
+        "{report}"
+    );
+    qemu_io(&server.uri, &reads);
+
+    // The backing store heals: the cleaner's next retry writes everything back, and the volume
+    // is ok again.
     heal("pwrite");
+    wait_until(Duration::from_secs(30), "the retried write-back", || {
+        status_u64(&setup.report(), "dirty_blocks") == 0
+    });
     setup.ctl_ok(&["flush"]);
     let report = setup.report();
     assert_eq!(health(&report), "ok", "{report}");
@@ -929,7 +956,7 @@ fn a_failing_backing_store_degrades_the_volume_keeps_dirty_data_and_recovers() {
         let at = (base + i * FAULT_STRIDE) as usize;
         assert!(
             data[at..at + 4096].iter().all(|&b| b as u64 == pattern(i)),
-            "block {i} is not on the backing store after the flush"
+            "block {i} is not on the backing store after the write-back"
         );
     }
     qemu_io(&server.uri, &["read 0 64k".into()]);
