@@ -9,6 +9,7 @@ I/O, which is far less sensitive to noise from other processes than IOPS.
 import atexit
 import datetime
 import json
+import math
 import os
 import platform
 import re
@@ -852,3 +853,104 @@ def results_dir(args) -> Path:
     if args.out:
         return Path(args.out)
     return Path("/tmp/flashtier-bench-quick") if args.quick else REPO / "bench" / "results"
+
+
+# --- Write-back (cleaner) benchmarks: live parameters, the dirty level over time, per-I/O logs ---
+
+def flashtier_known_params(binary: Path):
+    """Names of the live parameters this flashtier binary knows (from `flashtier set --help`), so
+    a benchmark can tell a binary without a parameter from a typo."""
+    out = subprocess.run([str(binary), "set", "--help"], capture_output=True, text=True).stdout
+    return set(re.findall(r"^  ([a-z][a-z0-9_]+)$", out, re.M))
+
+
+def flashtier_ctl(binary: Path, control: Path, *args, check=True):
+    """Runs `flashtier ARGS --control CONTROL`; returns (seconds taken, stdout + stderr)."""
+    argv = [str(binary), *[str(a) for a in args], "--control", str(control)]
+    t0 = time.time()
+    out = subprocess.run(argv, capture_output=True, text=True)
+    took = time.time() - t0
+    if check and out.returncode != 0:
+        sys.exit(f"{' '.join(argv)} failed:\n{out.stdout}{out.stderr}")
+    return took, out.stdout + out.stderr
+
+
+def flashtier_report(binary: Path, control: Path):
+    """The running server's report (`flashtier stats --json`) as a dict."""
+    _, text = flashtier_ctl(binary, control, "stats", "--json")
+    return json.loads(text[text.index("{"):])
+
+
+def report_cache_status(report):
+    """The cache part of a report's status: `status.cache_status` where the server nests it,
+    else `status` itself (older reports put dirty_blocks etc. there)."""
+    st = report.get("status", {})
+    return st.get("cache_status") or st
+
+
+class ReportPoller:
+    """Records `flashtier stats --json --watch` (one report per second) with the wall-clock time
+    each arrived: samples() -> [(time.time(), report)]."""
+
+    def __init__(self, binary: Path, control: Path):
+        self._samples = []
+        self.proc = subprocess.Popen([str(binary), "stats", "--json", "--watch", "--control", str(control)],
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+        def pump():
+            for line in self.proc.stdout:
+                line = line.strip()
+                if line.startswith("{"):
+                    try:
+                        self._samples.append((time.time(), json.loads(line)))
+                    except ValueError:
+                        pass
+        self._thread = threading.Thread(target=pump, daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        self.proc.wait(10)
+        self._thread.join(5)
+        return list(self._samples)
+
+    def samples(self):
+        return list(self._samples)
+
+
+def read_lat_log(prefix, t0):
+    """fio's per-I/O latency log (--write_lat_log=PREFIX --log_unix_epoch=1, no --log_avg_msec):
+    [(seconds since `t0` (time.time()) at completion, total latency in µs, "read"|"write")], all
+    jobs, sorted by time. The log files are removed."""
+    out = []
+    for path in sorted(Path(prefix).parent.glob(Path(prefix).name + "_lat.*.log")):
+        for line in path.read_text().splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) >= 3:
+                out.append((int(parts[0]) / 1000 - t0, int(parts[1]) / 1000, "read" if parts[2] == "0" else "write"))
+    for kind in ("lat", "clat", "slat"):
+        for path in Path(prefix).parent.glob(Path(prefix).name + f"_{kind}.*.log"):
+            path.unlink()
+    out.sort()
+    return out
+
+
+def percentile(values, pct):
+    """The pct-th percentile (nearest rank) of `values`, NaN when empty."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = max(0, min(len(s) - 1, math.ceil(pct / 100 * len(s)) - 1))
+    return s[k]
+
+
+def per_second(ios, seconds):
+    """Per-second IOPS and p99 latency (µs) from read_lat_log's [(t, lat_us, dir)] over whole
+    seconds 0..seconds-1: [(second, iops, p99_us)] (a second with no completion has 0 IOPS, NaN p99)."""
+    bins = [[] for _ in range(seconds)]
+    for t, lat, _ in ios:
+        s = int(t)
+        if 0 <= s < seconds:
+            bins[s].append(lat)
+    return [(s, len(b), percentile(b, 99)) for s, b in enumerate(bins)]
