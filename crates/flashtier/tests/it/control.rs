@@ -149,26 +149,6 @@ fn status_u64(report: &Value, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name:?} in stats --json's status: {}", report["status"]))
 }
 
-/// Runs qemu-io on `uri` with `commands`; every command must succeed.
-fn qemu_io(uri: &str, commands: &[String]) {
-    let (ok, all) = try_qemu_io(uri, commands);
-    assert!(ok, "qemu-io {commands:?} failed:\n{all}");
-}
-
-/// Runs qemu-io on `uri` with `commands`: whether all succeeded, and its output (lowercase).
-fn try_qemu_io(uri: &str, commands: &[String]) -> (bool, String) {
-    require("qemu-io");
-    let mut cmd = Command::new("qemu-io");
-    cmd.args(["-f", "raw", uri]);
-    for c in commands {
-        cmd.arg("-c").arg(c);
-    }
-    let out = run_any(&mut cmd);
-    let all = text(&out).to_lowercase();
-    let ok = out.status.success() && !all.contains("fail") && !all.contains("error");
-    (ok, all)
-}
-
 /// Reads `[start, start + len)` sequentially in 256 KiB requests, one at a time.
 fn read_sequentially(uri: &str, start: u64, len: u64) {
     let step = 256 << 10;
@@ -223,11 +203,7 @@ fn status_stats_json_and_watch_show_the_running_cache() {
     let server = setup.serve(&[]);
     qemu_io(
         &server.uri,
-        &[
-            "write -P 0x5a 0 1M".into(),
-            "read 0 2M".into(),
-            "read 0 1M".into(),
-        ],
+        &["write -P 0x5a 0 1M", "read 0 2M", "read 0 1M"],
     );
 
     let status = setup.ctl_ok(&["status"]);
@@ -689,7 +665,7 @@ fn config_keys_match_serve_flags() {
 fn mode_switch_writes_dirty_data_back_with_progress() {
     let setup = Setup::new();
     let server = setup.serve(&[]);
-    qemu_io(&server.uri, &["write -P 0xc3 0 8M".into()]);
+    qemu_io(&server.uri, &["write -P 0xc3 0 8M"]);
     let report = setup.report();
     let block = status_u64(&report, "block_size");
     assert_eq!(status_u64(&report, "dirty_blocks"), 8 * MIB / block);
@@ -729,7 +705,7 @@ fn mode_switch_writes_dirty_data_back_with_progress() {
     );
 
     // The server keeps serving in the new mode; back to write-back without waiting.
-    qemu_io(&server.uri, &["write -P 0x3c 0 1M".into()]);
+    qemu_io(&server.uri, &["write -P 0x3c 0 1M"]);
     assert_eq!(status_u64(&setup.report(), "dirty_blocks"), 0);
     setup.ctl_ok(&["mode", "writeback", "--no-wait"]);
     wait_until(Duration::from_secs(10), "mode writeback", || {
@@ -877,8 +853,8 @@ fn a_failing_backing_store_degrades_the_volume_keeps_dirty_data_and_recovers() {
 
     // A trim the backing store refuses reaches the client and degrades the volume.
     fail("trim");
-    let (ok, out) = try_qemu_io(&server.uri, &["discard 0 1M".into()]);
-    assert!(!ok && out.contains("input/output error"), "{out}");
+    let (ok, out) = try_qemu_io(&server.uri, &["discard 0 1M"]);
+    assert!(!ok && out.contains("Input/output error"), "{out}");
     let report = setup.report();
     assert!(
         health(&report).starts_with("degraded: backing store trim failed"),
@@ -913,8 +889,8 @@ fn a_failing_backing_store_degrades_the_volume_keeps_dirty_data_and_recovers() {
 
     // A read miss the backing store fails reaches the client as EIO; cached blocks still read.
     fail("pread");
-    let (ok, out) = try_qemu_io(&server.uri, &["read 0 64k".into()]);
-    assert!(!ok && out.contains("input/output error"), "{out}");
+    let (ok, out) = try_qemu_io(&server.uri, &["read 0 64k"]);
+    assert!(!ok && out.contains("Input/output error"), "{out}");
     qemu_io(&server.uri, &reads);
     heal("pread");
 
@@ -959,7 +935,7 @@ fn a_failing_backing_store_degrades_the_volume_keeps_dirty_data_and_recovers() {
             "block {i} is not on the backing store after the write-back"
         );
     }
-    qemu_io(&server.uri, &["read 0 64k".into()]);
+    qemu_io(&server.uri, &["read 0 64k"]);
     server.stop();
 }
 
@@ -967,10 +943,7 @@ fn a_failing_backing_store_degrades_the_volume_keeps_dirty_data_and_recovers() {
 fn reset_stats_zeroes_the_counters_and_the_cache_keeps_working() {
     let setup = Setup::new();
     let server = setup.serve(&[]);
-    qemu_io(
-        &server.uri,
-        &["write -P 0x11 0 1M".into(), "read -P 0x11 0 1M".into()],
-    );
+    qemu_io(&server.uri, &["write -P 0x11 0 1M", "read -P 0x11 0 1M"]);
     let report = setup.report();
     assert!(counter(&report, "reads") > 0 && counter(&report, "writes") > 0);
     setup.ctl_ok(&["reset-stats"]);
@@ -997,7 +970,7 @@ fn reset_stats_zeroes_the_counters_and_the_cache_keeps_working() {
     assert_eq!(report["latency"]["read"]["count"].as_u64().unwrap_or(0), 0);
     // The cache itself is untouched: its data is still there and served as hits.
     assert!(status_u64(&report, "dirty_blocks") > 0, "{report}");
-    qemu_io(&server.uri, &["read -P 0x11 0 1M".into()]);
+    qemu_io(&server.uri, &["read -P 0x11 0 1M"]);
     let report = setup.report();
     let block = status_u64(&report, "block_size");
     assert_eq!(counter(&report, "reads"), 1, "{report}");
@@ -1053,14 +1026,7 @@ fn prometheus_metrics_parse_and_match_stats_json() {
         .unwrap()
         .port();
     let server = setup.serve(&["--metrics-listen", &format!(":{port}")]);
-    qemu_io(
-        &server.uri,
-        &[
-            "write -P 0x22 0 2M".into(),
-            "read 0 4M".into(),
-            "flush".into(),
-        ],
-    );
+    qemu_io(&server.uri, &["write -P 0x22 0 2M", "read 0 4M", "flush"]);
     let before = setup.report();
     let (content_type, samples) = scrape(&format!("http://127.0.0.1:{port}/metrics"));
     let after = setup.report();
@@ -1166,10 +1132,7 @@ fn stats_text(text: &str) -> Vec<(String, String)> {
 fn stats_file_is_refreshed_and_agrees_with_its_json_and_stats_json() {
     let setup = Setup::new();
     let server = setup.serve(&[]);
-    qemu_io(
-        &server.uri,
-        &["write -P 0x33 0 1M".into(), "read 0 3M".into()],
-    );
+    qemu_io(&server.uri, &["write -P 0x33 0 1M", "read 0 3M"]);
     let json_path = PathBuf::from(format!("{}.json", path_str(&setup.stats_file)));
     // The next refresh after the workload.
     let workload_done = std::time::SystemTime::now();

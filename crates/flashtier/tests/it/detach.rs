@@ -148,22 +148,6 @@ impl Setup {
     }
 }
 
-/// Runs qemu-io on `uri` with `commands` (`read -P` checks the pattern); all must succeed.
-fn qemu_io(uri: &str, commands: &[&str]) {
-    require("qemu-io");
-    let mut cmd = Command::new("qemu-io");
-    cmd.args(["-f", "raw", uri]);
-    for c in commands {
-        cmd.arg("-c").arg(c);
-    }
-    let out = run_any(&mut cmd);
-    let all = text(&out).to_lowercase();
-    assert!(
-        out.status.success() && !all.contains("fail") && !all.contains("error"),
-        "qemu-io {commands:?} failed:\n{all}"
-    );
-}
-
 fn fill(image: &mut [u8], at: usize, len: usize, byte: u8) {
     image[at..at + len].iter_mut().for_each(|b| *b = byte);
 }

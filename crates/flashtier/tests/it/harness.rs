@@ -645,3 +645,35 @@ impl Drop for KillOnDrop {
         }
     }
 }
+
+/// Runs qemu-io on `uri` with the given `-c` commands: whether every command succeeded (exit
+/// status 0 and no "failed"/"error"/"can't"/"not permitted" in the output: qemu-io reports some
+/// failures only there), and its output.
+pub fn try_qemu_io<S: AsRef<str>>(uri: &str, commands: &[S]) -> (bool, String) {
+    require("qemu-io");
+    let mut cmd = Command::new("qemu-io");
+    cmd.args(["-f", "raw", uri]);
+    for c in commands {
+        cmd.arg("-c").arg(c.as_ref());
+    }
+    let out = run_any(&mut cmd);
+    let all = text(&out);
+    let lower = all.to_lowercase();
+    let ok = out.status.success()
+        && !lower.contains("fail")
+        && !lower.contains("error")
+        && !lower.contains("can't")
+        && !lower.contains("not permitted");
+    (ok, all)
+}
+
+/// [`try_qemu_io`], asserting that every command succeeded; returns the output.
+pub fn qemu_io<S: AsRef<str>>(uri: &str, commands: &[S]) -> String {
+    let (ok, all) = try_qemu_io(uri, commands);
+    let commands: Vec<&str> = commands.iter().map(AsRef::as_ref).collect();
+    assert!(
+        ok,
+        "qemu-io {commands:?} on {uri} reported a problem:\n{all}"
+    );
+    all
+}

@@ -10,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::harness::{
-    self, path_str, run_any, text, wait_or_kill, wait_until, FuseLoop, KillOnDrop, Server,
+    self, path_str, qemu_io, run_any, text, wait_or_kill, wait_until, FuseLoop, KillOnDrop, Server,
 };
 
 const MIB: usize = 1024 * 1024;
@@ -89,30 +89,6 @@ fn json_bool(json: &str, key: &str) -> bool {
 
 fn nbdinfo_json(uri: &str) -> String {
     harness::run_stdout(Command::new("nbdinfo").arg("--json").arg(uri))
-}
-
-/// Runs qemu-io on `uri` with the given `-c` commands and asserts that every command succeeded:
-/// exit status 0 and no "failed"/"error" in the output (qemu-io reports some failures only in
-/// its output).
-fn qemu_io(uri: &str, commands: &[&str]) -> String {
-    let mut cmd = Command::new("qemu-io");
-    cmd.args(["-f", "raw", uri]);
-    for c in commands {
-        cmd.arg("-c").arg(c);
-    }
-    let out = run_any(&mut cmd);
-    let all = text(&out);
-    let lower = all.to_lowercase();
-    assert!(
-        out.status.success()
-            && !lower.contains("fail")
-            && !lower.contains("error")
-            && !lower.contains("can't")
-            && !lower.contains("not permitted"),
-        "qemu-io {commands:?} on {uri} reported a problem ({}):\n{all}",
-        out.status
-    );
-    all
 }
 
 /// Parses `nbdinfo --map` output into (offset, length, type, description) rows.
