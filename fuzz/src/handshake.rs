@@ -21,6 +21,7 @@ use std::io::{self, Cursor, Read, Write};
 use std::sync::atomic::AtomicBool;
 
 use flashtier_nbd::handshake::{negotiate, Outcome, Session};
+use flashtier_nbd::limits::{ConnState, Limits};
 use flashtier_nbd::transmission::{serve, Params};
 use flashtier_nbd::wire::{self, handshake as hflag, info, opt, rep, tflag};
 
@@ -81,11 +82,16 @@ pub fn run(data: &[u8]) -> Ended {
             consumed, expected_consumed,
             "the handshake consumed {consumed} bytes, but the options end at {expected_consumed}"
         );
+        // Budgets smaller than most requests: with one thread each is admitted alone.
+        let limits = Limits::new(8192, 4096, 0, Box::new(|_| {}));
+        let conn = ConnState::new(limits.memory_per_connection);
         let params = Params {
             export: &export,
             session,
             max_payload: MAX_PAYLOAD,
             threads: 1,
+            limits: &limits,
+            conn: &conn,
         };
         serve(&params, &data[consumed..], io::sink(), &|| {});
         crate::reset(&mem, 0..DEV_SIZE);

@@ -27,9 +27,11 @@
 //! a bad request magic drops only that connection, and both parsers are fuzzed (`fuzz/`).
 
 pub mod client;
+pub mod deadline;
 pub mod errmap;
 pub mod export;
 pub mod handshake;
+pub mod limits;
 pub mod net;
 pub mod server;
 pub mod transmission;

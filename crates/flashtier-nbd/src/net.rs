@@ -144,6 +144,7 @@ impl Listener {
                 let (s, peer) = l.accept()?;
                 s.set_nonblocking(false)?;
                 s.set_nodelay(true)?;
+                set_keepalive(s.as_raw_fd())?;
                 Ok((Stream::Tcp(s), peer.to_string()))
             }
         }
@@ -156,6 +157,41 @@ impl Drop for Listener {
             let _ = std::fs::remove_file(path);
         }
     }
+}
+
+/// TCP keepalive: a client whose machine vanished (no FIN, no RST: a half-open connection) is
+/// noticed after [`KEEPALIVE_IDLE_SECS`] + [`KEEPALIVE_COUNT`] × [`KEEPALIVE_INTERVAL_SECS`]
+/// seconds of silence, and its connection closed, instead of holding a slot forever.
+pub const KEEPALIVE_IDLE_SECS: i32 = 60;
+pub const KEEPALIVE_INTERVAL_SECS: i32 = 10;
+pub const KEEPALIVE_COUNT: i32 = 6;
+
+fn set_keepalive(fd: RawFd) -> io::Result<()> {
+    let set = |level, name, value: i32| {
+        // SAFETY: setsockopt reads one c_int from a valid pointer.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                (&value as *const i32).cast(),
+                std::mem::size_of::<i32>() as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    };
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_SECS)?;
+    set(
+        libc::IPPROTO_TCP,
+        libc::TCP_KEEPINTVL,
+        KEEPALIVE_INTERVAL_SECS,
+    )?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_COUNT)
 }
 
 /// Binds a unix socket only this user can use (mode 0600 from the start): a stale socket from a
@@ -219,6 +255,31 @@ impl Stream {
             Stream::Unix(s) => s.set_read_timeout(t),
             Stream::Tcp(s) => s.set_read_timeout(t),
         }
+    }
+
+    pub fn set_write_timeout(&self, t: Option<std::time::Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_write_timeout(t),
+            Stream::Tcp(s) => s.set_write_timeout(t),
+        }
+    }
+
+    pub fn set_nonblocking(&self, yes: bool) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_nonblocking(yes),
+            Stream::Tcp(s) => s.set_nonblocking(yes),
+        }
+    }
+
+    pub fn fd(&self) -> RawFd {
+        match self {
+            Stream::Unix(s) => s.as_raw_fd(),
+            Stream::Tcp(s) => s.as_raw_fd(),
+        }
+    }
+
+    pub fn is_tcp(&self) -> bool {
+        matches!(self, Stream::Tcp(_))
     }
 
     /// Connects to an address the way a client would (used by the NBD client and tests).

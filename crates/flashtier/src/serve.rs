@@ -77,9 +77,35 @@ pub struct ServeArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=config::MAX_THREADS as i64))]
     pub threads: Option<u32>,
 
-    /// Most client connections served at once; more are refused. [default: 256]
+    /// Most client connections served at once. When all are taken, a new client gets the slot
+    /// of one that is still in its handshake after 1 s, connected but unused for 1 s, not
+    /// reading its replies for 2 s, or idle for 10 s (in that order, longest first); with none
+    /// of those it is refused. [default: 256]
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=config::MAX_CONNECTIONS as i64))]
     pub max_connections: Option<u32>,
+
+    /// Seconds a client has to finish the handshake (the TLS handshake included), counted from
+    /// when it connected, however slowly it sends. [default: 10]
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub handshake_timeout: Option<u32>,
+
+    /// MiB of request payload (READ replies, WRITE data) held at once for all clients together.
+    /// When it is spent, connections stop reading requests until replies drain, and a client
+    /// that has not read its replies for 2 s is disconnected to make room. [default: 1024]
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u32).range(1..=config::MAX_REQUEST_MEMORY_MIB as i64))]
+    pub request_memory_mib: Option<u32>,
+
+    /// MiB of request payload one connection may hold; a client that does not read its replies
+    /// stops being read from once they fill it. A single larger request is still served alone.
+    /// [default: 64]
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u32).range(1..=config::MAX_REQUEST_MEMORY_MIB as i64))]
+    pub request_memory_per_connection_mib: Option<u32>,
+
+    /// Worker threads shared by all connections, beyond each connection's own thread (which
+    /// is all an idle connection has). Extra threads start as requests arrive and stop after
+    /// 5 s without work. [default: 512]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=config::MAX_WORKER_POOL as i64))]
+    pub worker_pool: Option<u32>,
 
     /// On SIGINT/SIGTERM, seconds to wait for clients to collect the replies to requests already
     /// executed before closing their connections anyway (a client that stopped reading would
@@ -145,6 +171,10 @@ struct Settings {
     direct: bool,
     threads: u32,
     max_connections: u32,
+    handshake_timeout: u32,
+    request_memory_mib: u32,
+    request_memory_per_connection_mib: u32,
+    worker_pool: u32,
     shutdown_grace: u64,
     /// The path, and whether it was asked for (a default in use is skipped, a given one is not).
     control_socket: (PathBuf, bool),
@@ -199,6 +229,19 @@ impl Settings {
             direct: args.direct || file.direct.unwrap_or(false),
             threads: args.threads.or(file.threads).unwrap_or(16),
             max_connections: args.max_connections.or(file.max_connections).unwrap_or(256),
+            handshake_timeout: args
+                .handshake_timeout
+                .or(file.handshake_timeout)
+                .unwrap_or(10),
+            request_memory_mib: args
+                .request_memory_mib
+                .or(file.request_memory_mib)
+                .unwrap_or(1024),
+            request_memory_per_connection_mib: args
+                .request_memory_per_connection_mib
+                .or(file.request_memory_per_connection_mib)
+                .unwrap_or(64),
+            worker_pool: args.worker_pool.or(file.worker_pool).unwrap_or(512),
             shutdown_grace: args.shutdown_grace.or(file.shutdown_grace).unwrap_or(30),
             control_socket: given(
                 args.control_socket
@@ -283,6 +326,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let server_config = ServerConfig {
         threads_per_connection: args.threads as usize,
         max_connections: args.max_connections as usize,
+        handshake_timeout: std::time::Duration::from_secs(args.handshake_timeout.into()),
+        request_memory: u64::from(args.request_memory_mib) << 20,
+        request_memory_per_connection: u64::from(args.request_memory_per_connection_mib) << 20,
+        worker_pool: args.worker_pool as usize,
         shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace),
         ..ServerConfig::default()
     };

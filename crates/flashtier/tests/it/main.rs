@@ -9,6 +9,7 @@ mod control;
 mod crash;
 mod detach;
 mod harness;
+mod hostile;
 mod mariadb;
 mod protocol;
 mod tools;

@@ -1035,7 +1035,9 @@ fn truncated_handshakes_do_not_disturb_the_server() {
 #[test]
 fn connections_beyond_the_limit_are_refused() {
     let fx = Fixture::new(&["--max-connections", "1"]);
-    let first = fx.go();
+    let mut first = fx.go();
+    // In use, so not reclaimable for a newcomer (it would be after 10 s idle).
+    assert_eq!(first.read_ok(1, 0, 512), vec![0u8; 512]);
     let mut extra = Raw::open(&fx.socket());
     extra.expect_closed("second connection with --max-connections 1");
     drop(first);

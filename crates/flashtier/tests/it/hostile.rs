@@ -1,0 +1,255 @@
+//! Hostile clients: 256 sockets of each kind that tried to exhaust the server — dribbling the
+//! handshake, sitting idle after it, or sending large READs and never reading the replies — while
+//! a real client connects and does I/O within a second, the server's memory stays under a stated
+//! bound and its threads stay few.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use flashtier_nbd::wire::{self, cmd, handshake, opt, rep, RequestHeader};
+
+use crate::harness::{self, Server};
+
+const ATTACKERS: usize = 256;
+const SIZE: u64 = 64 << 20;
+const MIB: u64 = 1 << 20;
+
+fn serve(dir: &Path, args: &[&str]) -> Server {
+    let disk = dir.join("disk.img");
+    harness::sparse_file(&disk, SIZE);
+    Server::on_socket(dir, harness::path_str(&disk), args)
+}
+
+/// `(VmRSS bytes, threads)` of a process.
+fn rss_and_threads(pid: u32) -> (u64, u64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("proc status");
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /proc/{pid}/status"))
+    };
+    (field("VmRSS:") * 1024, field("Threads:"))
+}
+
+fn connect(socket: &Path) -> UnixStream {
+    let s = UnixStream::connect(socket).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.set_write_timeout(Some(Duration::from_secs(20))).unwrap();
+    s
+}
+
+/// Greeting, client flags, GO on the default export; leaves the socket in transmission.
+fn go(s: &mut UnixStream) {
+    let mut greeting = [0u8; 18];
+    s.read_exact(&mut greeting).expect("greeting");
+    assert_eq!(&greeting[..8], b"NBDMAGIC");
+    let flags = handshake::C_FIXED_NEWSTYLE | handshake::C_NO_ZEROES;
+    s.write_all(&flags.to_be_bytes()).unwrap();
+    let mut payload = 0u32.to_be_bytes().to_vec();
+    payload.extend_from_slice(&0u16.to_be_bytes());
+    let mut msg = wire::IHAVEOPT.to_be_bytes().to_vec();
+    msg.extend_from_slice(&opt::GO.to_be_bytes());
+    msg.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+    msg.extend_from_slice(&payload);
+    s.write_all(&msg).unwrap();
+    loop {
+        let mut h = [0u8; 20];
+        s.read_exact(&mut h).expect("GO reply");
+        let ty = wire::be32(&h[12..16]);
+        let mut data = vec![0u8; wire::be32(&h[16..20]) as usize];
+        s.read_exact(&mut data).unwrap();
+        if ty == rep::ACK {
+            return;
+        }
+        assert!(!rep::is_error(ty), "GO refused: {ty:#x}");
+    }
+}
+
+fn request(command: u16, handle: u64, offset: u64, length: u32) -> [u8; 28] {
+    RequestHeader {
+        flags: 0,
+        cmd: command,
+        handle,
+        offset,
+        length,
+    }
+    .encode()
+}
+
+/// A real client's first I/O: connect, handshake, write 4 KiB, read it back. Returns how long
+/// it took.
+fn real_client_io(socket: &Path) -> Duration {
+    let started = Instant::now();
+    let mut s = connect(socket);
+    go(&mut s);
+    let data = vec![0x5a; 4096];
+    let mut msg = request(cmd::WRITE, 1, 8 * MIB, 4096).to_vec();
+    msg.extend_from_slice(&data);
+    msg.extend_from_slice(&request(cmd::READ, 2, 8 * MIB, 4096));
+    s.write_all(&msg).unwrap();
+    for _ in 0..2 {
+        let mut r = [0u8; 16];
+        s.read_exact(&mut r).expect("reply");
+        assert_eq!(wire::be32(&r[4..8]), 0, "request failed");
+        if wire::be64(&r[8..16]) == 2 {
+            let mut got = vec![0u8; 4096];
+            s.read_exact(&mut got).unwrap();
+            assert_eq!(got, data);
+        }
+    }
+    started.elapsed()
+}
+
+/// nbdinfo and qemu-io, real clients, connect and work; each within `limit`.
+fn real_tools_work(uri: &str, limit: Duration) {
+    harness::require("nbdinfo");
+    let started = Instant::now();
+    let out = harness::run_stdout(Command::new("nbdinfo").arg("--size").arg(uri));
+    let took = started.elapsed();
+    assert_eq!(out.trim(), SIZE.to_string());
+    assert!(took < limit, "nbdinfo took {took:?}");
+    let started = Instant::now();
+    harness::qemu_io(
+        uri,
+        &["write -P 0x33 1M 64k", "read -P 0x33 1M 64k", "flush"],
+    );
+    let took = started.elapsed();
+    assert!(took < limit, "qemu-io took {took:?}");
+}
+
+/// The real client gets in and does I/O within a second, with every slot taken by attackers.
+fn assert_real_clients_get_in(fx: &Server, socket: &Path) {
+    let took = real_client_io(socket);
+    assert!(
+        took < Duration::from_secs(1),
+        "a real client needed {took:?} to connect and do its first I/O:\n{}",
+        fx.log()
+    );
+    real_tools_work(&fx.uri, Duration::from_secs(3));
+}
+
+#[test]
+fn handshake_dribblers_do_not_lock_real_clients_out() {
+    let dir = harness::Scratch::new();
+    let mut fx = serve(dir.path(), &["--handshake-timeout", "4"]);
+    let socket = fx.socket().expect("unix socket");
+    let started = Instant::now();
+    let mut dribblers: Vec<UnixStream> = (0..ATTACKERS)
+        .map(|_| {
+            let mut s = connect(&socket);
+            let mut greeting = [0u8; 18];
+            s.read_exact(&mut greeting).unwrap();
+            // The first byte of the client flags; the rest never comes in time.
+            s.write_all(&[0]).unwrap();
+            s
+        })
+        .collect();
+    // Let them age past the handshake's reclaim threshold (1 s), dribbling as they go.
+    std::thread::sleep(Duration::from_millis(1500));
+    for s in &mut dribblers {
+        let _ = s.write_all(&[0]);
+    }
+    assert_real_clients_get_in(&fx, &socket);
+
+    // One deadline for the whole handshake: the dribblers still there are cut off at 4 s,
+    // however often they send a byte.
+    let mut cut = 0;
+    for s in &mut dribblers {
+        let _ = s.write_all(&[0]);
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut b = [0u8; 1];
+        // EOF or a reset: either way the server closed it.
+        if !matches!(s.read(&mut b), Ok(n) if n > 0) {
+            cut += 1;
+        }
+    }
+    let took = started.elapsed();
+    assert_eq!(cut, ATTACKERS, "every dribbler must be cut off");
+    assert!(
+        took < Duration::from_secs(10),
+        "dribblers were cut off only after {took:?} (deadline 4 s)"
+    );
+    assert!(fx.is_running());
+    fx.stop();
+}
+
+#[test]
+fn idle_connections_after_the_handshake_do_not_lock_real_clients_out() {
+    let dir = harness::Scratch::new();
+    let fx = serve(dir.path(), &[]);
+    let socket = fx.socket().expect("unix socket");
+    let idle: Vec<UnixStream> = (0..ATTACKERS)
+        .map(|_| {
+            let mut s = connect(&socket);
+            go(&mut s);
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let (rss, threads) = rss_and_threads(fx.pid());
+    // One thread per connection, plus the server's own few.
+    assert!(
+        threads <= ATTACKERS as u64 + 32,
+        "{threads} threads for {ATTACKERS} idle connections"
+    );
+    eprintln!(
+        "{ATTACKERS} idle connections: {threads} threads, RSS {} MiB",
+        rss >> 20
+    );
+    assert_real_clients_get_in(&fx, &socket);
+    drop(idle);
+    fx.stop();
+}
+
+#[test]
+fn clients_that_never_read_replies_cannot_exhaust_memory() {
+    // The defaults: 1 GiB of request memory server-wide, 64 MiB per connection.
+    const BOUND: u64 = (1 << 30) + (320 << 20);
+    let dir = harness::Scratch::new();
+    let fx = serve(dir.path(), &[]);
+    let socket = fx.socket().expect("unix socket");
+    let hostile: Vec<UnixStream> = (0..ATTACKERS)
+        .map(|i| {
+            let mut s = connect(&socket);
+            go(&mut s);
+            // 16 READs of 32 MiB, never read: 512 MiB of replies per connection if the server
+            // took them all.
+            let burst: Vec<u8> = (0..16u64)
+                .flat_map(|h| request(cmd::READ, h, (i as u64 % 2) * 32 * MIB, 32 << 20))
+                .collect();
+            s.write_all(&burst).unwrap();
+            s
+        })
+        .collect();
+    // Watch memory while the server reads what it is willing to.
+    let mut peak = (0, 0);
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        let (rss, threads) = rss_and_threads(fx.pid());
+        peak = (peak.0.max(rss), peak.1.max(threads));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    eprintln!(
+        "{ATTACKERS} clients not reading 32 MiB replies: peak RSS {} MiB, peak {} threads",
+        peak.0 >> 20,
+        peak.1
+    );
+    assert!(
+        peak.0 < BOUND,
+        "server RSS reached {} MiB (bound {} MiB)",
+        peak.0 >> 20,
+        BOUND >> 20
+    );
+    // Each connection's own thread, the shared worker pool (512), the server's few.
+    assert!(peak.1 <= ATTACKERS as u64 + 512 + 32, "{} threads", peak.1);
+    assert_real_clients_get_in(&fx, &socket);
+    let (rss, _) = rss_and_threads(fx.pid());
+    assert!(rss < BOUND, "RSS {} MiB after the real clients", rss >> 20);
+    drop(hostile);
+}
