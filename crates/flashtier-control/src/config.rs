@@ -32,6 +32,11 @@ pub struct ServeConfig {
     pub backing: Option<String>,
     pub cache: Option<String>,
     pub listen: Option<String>,
+    /// `off`, `on` or `require`.
+    pub tls: Option<String>,
+    pub tls_certificates: Option<String>,
+    pub tls_psk: Option<String>,
+    pub tls_verify_peer: Option<bool>,
     /// A valid mode's canonical name (`writeback`, ...).
     pub mode: Option<String>,
     pub export_name: Option<String>,
@@ -59,6 +64,10 @@ impl ServeConfig {
             s(&self.backing),
             s(&self.cache),
             s(&self.listen),
+            s(&self.tls),
+            s(&self.tls_certificates),
+            s(&self.tls_psk),
+            self.tls_verify_peer.map(|v| v.to_string()),
             s(&self.mode),
             s(&self.export_name),
             self.read_only.map(|v| v.to_string()),
@@ -137,6 +146,39 @@ pub const SERVE_KEYS: &[KeyInfo] = &[
         default: "/run/flashtier/nbd.sock as root, else $XDG_RUNTIME_DIR/flashtier/nbd.sock",
         allowed: "a socket path or [HOST]:PORT",
         example: Example::Set("\"/run/flashtier/nbd.sock\""),
+    },
+    KeyInfo {
+        name: "tls",
+        doc: "TLS (NBD's STARTTLS): off, on (clients may upgrade) or require (nothing but \
+              STARTTLS is answered before TLS runs: every client must authenticate). Needs \
+              tls_certificates or tls_psk. Use require whenever listen names an address other \
+              machines can reach.",
+        default: "off",
+        allowed: "off | on | require",
+        example: Example::Commented("\"require\""),
+    },
+    KeyInfo {
+        name: "tls_certificates",
+        doc: "X.509 credentials for TLS: a directory with server-cert.pem and server-key.pem \
+              (and ca-cert.pem for tls_verify_peer), as nbdkit's --tls-certificates.",
+        default: "none",
+        allowed: "a directory",
+        example: Example::Commented("\"/etc/flashtier/pki\""),
+    },
+    KeyInfo {
+        name: "tls_psk",
+        doc: "Pre-shared keys for TLS: a file of username:hexkey lines (as nbdkit's --tls-psk \
+              and qemu's keys.psk), mode 0600.",
+        default: "none",
+        allowed: "a path",
+        example: Example::Commented("\"/etc/flashtier/keys.psk\""),
+    },
+    KeyInfo {
+        name: "tls_verify_peer",
+        doc: "With tls_certificates: require a client certificate signed by ca-cert.pem.",
+        default: "false",
+        allowed: "true | false",
+        example: Example::Commented("false"),
     },
     KeyInfo {
         name: "mode",
@@ -503,6 +545,16 @@ impl Parser<'_> {
                 "backing" => s.backing = Some(string()?),
                 "cache" => s.cache = Some(string()?),
                 "listen" => s.listen = Some(string()?),
+                "tls" => {
+                    let v = string()?;
+                    if !matches!(v.as_str(), "off" | "on" | "require") {
+                        return Err(wrong());
+                    }
+                    s.tls = Some(v);
+                }
+                "tls_certificates" => s.tls_certificates = Some(string()?),
+                "tls_psk" => s.tls_psk = Some(string()?),
+                "tls_verify_peer" => s.tls_verify_peer = Some(boolean()?),
                 "mode" => {
                     let v = string()?;
                     let m = Mode::from_str(&v).map_err(|_| {
@@ -736,6 +788,10 @@ mod tests {
 backing = "/dev/sdb"
 cache = "/dev/nvme0n1p1"
 listen = "/run/flashtier/nbd.sock"
+tls = "require"
+tls_certificates = "/etc/flashtier/pki"
+tls_psk = "/etc/flashtier/keys.psk"
+tls_verify_peer = true
 mode = "write-through"
 export_name = "db"
 read_only = false
@@ -778,6 +834,10 @@ writeback_max_io_kib = 512
             backing: Some("/dev/sdb".into()),
             cache: Some("/dev/nvme0n1p1".into()),
             listen: Some("/run/flashtier/nbd.sock".into()),
+            tls: Some("require".into()),
+            tls_certificates: Some("/etc/flashtier/pki".into()),
+            tls_psk: Some("/etc/flashtier/keys.psk".into()),
+            tls_verify_peer: Some(true),
             mode: Some("writethrough".into()),
             export_name: Some("db".into()),
             read_only: Some(false),
@@ -839,7 +899,7 @@ writeback_max_io_kib = 512
         }
         // entries() shows every set key.
         assert!(c.serve.entries().iter().all(|(_, v)| v.is_some()));
-        assert_eq!(c.serve.entries()[7].1.as_deref(), Some("8"));
+        assert_eq!(c.serve.entries()[11].1.as_deref(), Some("8"));
         assert_eq!(c.serve.entries()[0].1.as_deref(), Some("\"/dev/sdb\""));
         // An empty file is a valid config that sets nothing.
         assert_eq!(parse(path(), "").unwrap().serve, ServeConfig::default());

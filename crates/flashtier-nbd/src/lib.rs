@@ -34,6 +34,7 @@ pub mod handshake;
 pub mod limits;
 pub mod net;
 pub mod server;
+pub mod tls;
 pub mod transmission;
 pub mod uri;
 pub mod wire;
@@ -70,6 +71,8 @@ pub enum ClientError {
     Handshake(#[source] std::io::Error),
     #[error("NBD protocol error: {0}")]
     Protocol(String),
+    #[error("NBD over TLS: {0}")]
+    Tls(String),
     #[error("NBD server refused export '{export}' (error {code}): {message}")]
     Refused {
         export: String,

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use crate::deadline::DeadlineStream;
 use crate::export::Export;
-use crate::handshake::{self, Outcome};
+use crate::handshake::{self, Channel, Outcome};
 use crate::limits::{now_ms, ConnState, Limits, Policy, Pressure, Reclaim};
 use crate::net::{Listener, Stream};
+use crate::tls::{ServerTls, TlsIo, TlsMode, TlsStream};
 use crate::transmission;
 use crate::ServerError;
 
@@ -45,6 +46,8 @@ pub struct ServerConfig {
     pub worker_pool: usize,
     /// When a connection may be reclaimed to make room.
     pub reclaim: Policy,
+    /// TLS credentials and mode; None: TLS off.
+    pub tls: Option<Arc<ServerTls>>,
     /// On shutdown, how long to wait for clients to take the replies to requests already
     /// executed before closing their connections anyway.
     pub shutdown_grace: Duration,
@@ -61,6 +64,7 @@ impl Default for ServerConfig {
             request_memory_per_connection: 64 << 20,
             worker_pool: 512,
             reclaim: Policy::default(),
+            tls: None,
             shutdown_grace: Duration::from_secs(30),
         }
     }
@@ -370,6 +374,55 @@ impl Server {
     }
 }
 
+/// The handshake's channel: plain text under the handshake deadline, upgraded in place by
+/// STARTTLS; the TLS handshake and everything after it run under the same deadline.
+struct ServerChannel<'a> {
+    plain: DeadlineStream<'a>,
+    tls: Option<TlsStream>,
+    credentials: Option<&'a ServerTls>,
+}
+
+fn broken() -> io::Error {
+    io::Error::new(io::ErrorKind::NotConnected, "the TLS upgrade failed")
+}
+
+impl io::Read for ServerChannel<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match &self.tls {
+            Some(tls) => tls.read_until(buf, Some(self.plain.deadline())),
+            None => self.plain.read(buf),
+        }
+    }
+}
+
+impl io::Write for ServerChannel<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match &self.tls {
+            Some(tls) => tls.write_until(buf, Some(self.plain.deadline())),
+            None => self.plain.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Channel for ServerChannel<'_> {
+    fn tls_active(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    fn start_tls(&mut self) -> io::Result<()> {
+        let creds = self.credentials.ok_or_else(broken)?;
+        // The ACK was written with blocking I/O; from here on the socket is TLS's.
+        self.plain.remaining()?;
+        let tls = creds.accept(self.plain.stream(), self.plain.deadline())?;
+        tracing::info!(client = tls.peer(), "TLS session established");
+        self.tls = Some(tls);
+        Ok(())
+    }
+}
+
 fn run_connection(
     stream: &Stream,
     export: &Export,
@@ -378,19 +431,24 @@ fn run_connection(
     conn: &ConnState,
 ) -> io::Result<()> {
     let deadline = Instant::now() + config.handshake_timeout;
-    let mut handshake_stream = DeadlineStream::new(stream, deadline);
-    let session = match handshake::negotiate(
-        &mut handshake_stream,
-        export,
-        config.max_payload,
-        &state.shutting_down,
-    )? {
+    let mut channel = ServerChannel {
+        plain: DeadlineStream::new(stream, deadline),
+        tls: None,
+        credentials: config.tls.as_deref(),
+    };
+    let options = handshake::Options {
+        max_payload: config.max_payload,
+        tls: config.tls.as_ref().map_or(TlsMode::Off, |t| t.mode()),
+    };
+    let session = match handshake::negotiate(&mut channel, export, &options, &state.shutting_down)?
+    {
         Outcome::Transmission(session) => session,
         Outcome::Closed => return Ok(()),
     };
-    handshake_stream.finish()?;
+    let ServerChannel { plain, tls, .. } = channel;
+    plain.finish()?;
     conn.entered_transmission();
-    tracing::debug!(?session, "entering transmission");
+    tracing::debug!(?session, tls = tls.is_some(), "entering transmission");
     let params = transmission::Params {
         export,
         session,
@@ -402,7 +460,21 @@ fn run_connection(
     let hangup = || {
         let _ = stream.shutdown(Shutdown::Both);
     };
-    transmission::serve(&params, stream, stream, &hangup);
+    match &tls {
+        None => transmission::serve(&params, stream, stream, &hangup),
+        Some(tls) => {
+            let reader = TlsIo {
+                tls,
+                deadline: None,
+            };
+            let writer = TlsIo {
+                tls,
+                deadline: None,
+            };
+            transmission::serve(&params, reader, writer, &hangup);
+            tls.close();
+        }
+    }
     Ok(())
 }
 

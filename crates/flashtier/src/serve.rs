@@ -13,6 +13,7 @@ use flashtier_control::{
 };
 use flashtier_engine::{Cache, Mode};
 use flashtier_io::BlockDev;
+use flashtier_nbd::tls::{ServerTls, ServerTlsOptions, TlsMode};
 use flashtier_nbd::{Export, ListenAddr, Listener, Server, ServerConfig, ShutdownHandle};
 
 use crate::backing::{backing_identity, open_backing, open_cache_device, BackingOptions};
@@ -59,6 +60,30 @@ pub struct ServeArgs {
     /// $XDG_RUNTIME_DIR/flashtier/nbd.sock]
     #[arg(long, value_name = "SOCKET|HOST:PORT")]
     pub listen: Option<String>,
+
+    /// TLS (NBD's STARTTLS): off, on (clients may upgrade) or require (nothing but STARTTLS is
+    /// answered before TLS runs: every client must authenticate). Needs --tls-certificates or
+    /// --tls-psk. Use require whenever --listen names an address other machines can reach.
+    /// [default: off]
+    #[arg(long, value_name = "off|on|require")]
+    pub tls: Option<TlsMode>,
+
+    /// X.509 credentials for TLS: a directory with server-cert.pem and server-key.pem (and
+    /// ca-cert.pem for --tls-verify-peer), as nbdkit's --tls-certificates and qemu's
+    /// tls-creds-x509 use. Clients connect with e.g.
+    /// `nbdinfo 'nbds://HOST:PORT/?tls-certificates=DIR'` (DIR holding the CA's ca-cert.pem).
+    #[arg(long, value_name = "DIR")]
+    pub tls_certificates: Option<PathBuf>,
+
+    /// Pre-shared keys for TLS: a file of `username:hexkey` lines (as nbdkit's --tls-psk and
+    /// qemu's keys.psk; e.g. `alice:$(openssl rand -hex 32)`), mode 0600. Clients connect with
+    /// e.g. `nbdinfo 'nbds://alice@HOST:PORT/?tls-psk-file=FILE'`.
+    #[arg(long, value_name = "FILE")]
+    pub tls_psk: Option<PathBuf>,
+
+    /// With --tls-certificates: require a client certificate signed by DIR/ca-cert.pem.
+    #[arg(long)]
+    pub tls_verify_peer: bool,
 
     /// Name of the export. Clients asking for the empty (default) name get it too.
     /// [default: flashtier]
@@ -166,6 +191,7 @@ struct Settings {
     cache: Option<String>,
     mode: Option<Mode>,
     listen: Option<String>,
+    tls: ServerTlsOptions,
     export_name: String,
     read_only: bool,
     direct: bool,
@@ -221,6 +247,18 @@ impl Settings {
             cache,
             mode,
             listen: args.listen.or(file.listen),
+            tls: ServerTlsOptions {
+                mode: match (args.tls, &file.tls) {
+                    (Some(m), _) => m,
+                    (None, Some(m)) => m.parse().map_err(|e: String| anyhow::anyhow!(e))?,
+                    (None, None) => TlsMode::Off,
+                },
+                certificates: args
+                    .tls_certificates
+                    .or(file.tls_certificates.map(PathBuf::from)),
+                psk: args.tls_psk.or(file.tls_psk.map(PathBuf::from)),
+                verify_peer: args.tls_verify_peer || file.tls_verify_peer.unwrap_or(false),
+            },
             export_name: args
                 .export_name
                 .or(file.export_name)
@@ -278,6 +316,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(s) => ListenAddr::parse(s)?,
         None => ListenAddr::Unix(default_run_dir().join("nbd.sock")),
     };
+    let tls = ServerTls::new(&args.tls).context("TLS")?;
     let backing = open_backing(
         &args.backing,
         BackingOptions {
@@ -330,6 +369,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         request_memory: u64::from(args.request_memory_mib) << 20,
         request_memory_per_connection: u64::from(args.request_memory_per_connection_mib) << 20,
         worker_pool: args.worker_pool as usize,
+        tls: tls.clone(),
         shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace),
         ..ServerConfig::default()
     };
@@ -357,10 +397,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     install_signal_handlers(server.shutdown_handle())?;
     let plane = start_control_plane(controller.clone(), &args)?;
     let listener = Listener::bind(&listen)?;
+    let s = if tls.is_some() { "s" } else { "" };
     let uri = match listener.addr() {
-        ListenAddr::Unix(p) => format!("nbd+unix:///{}?socket={}", args.export_name, p.display()),
-        ListenAddr::Tcp(a) => format!("nbd://{a}/{}", args.export_name),
+        ListenAddr::Unix(p) => {
+            format!("nbd{s}+unix:///{}?socket={}", args.export_name, p.display())
+        }
+        ListenAddr::Tcp(a) => format!("nbd{s}://{a}/{}", args.export_name),
     };
+    warn_if_exposed(listener.addr(), args.tls.mode);
     // Scripts wait for the "listening on" line to know the sockets are ready, and may close
     // stdout right after it: it comes last, and its text stays as it is.
     let mut out = std::io::stdout().lock();
@@ -383,6 +427,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             "flashtier: stats file {} and {}, rewritten every second",
             text.display(),
             json.display()
+        )?;
+    }
+    if let Some(t) = &tls {
+        writeln!(
+            out,
+            "flashtier: TLS {} ({})",
+            if t.mode() == TlsMode::Require {
+                "required"
+            } else {
+                "offered"
+            },
+            t.description()
         )?;
     }
     if let Some(addr) = plane.metrics_addr() {
@@ -415,6 +471,26 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
     }
     served
+}
+
+/// Serving a disk beyond this machine without authentication is allowed, but never silently.
+fn warn_if_exposed(addr: &ListenAddr, tls: TlsMode) {
+    let ListenAddr::Tcp(a) = addr else { return };
+    if a.ip().is_loopback() || tls == TlsMode::Require {
+        return;
+    }
+    let what = if tls == TlsMode::On {
+        "TLS is offered but not required"
+    } else {
+        "TLS is off"
+    };
+    let msg = format!(
+        "listening on {a}, reachable from other machines, and {what}: anyone who can reach this \
+         address can read and write the disk without authentication. Use --tls require with \
+         --tls-certificates or --tls-psk."
+    );
+    eprintln!("flashtier: WARNING: {msg}");
+    tracing::warn!("{msg}");
 }
 
 /// Starts the control socket, the stats file and the metrics listener. A default control
