@@ -12,4 +12,5 @@ mod harness;
 mod hostile;
 mod mariadb;
 mod protocol;
+mod tls;
 mod tools;
