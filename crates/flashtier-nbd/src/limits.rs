@@ -35,10 +35,10 @@ pub enum Pressure {
 /// Bytes that may be in flight at once; a request larger than the whole budget is admitted
 /// alone, so nothing waits forever.
 ///
-/// Freed bytes go to the waiter that holds nothing yet (a connection's first request in flight)
-/// before those that hold some, and to the smallest request first: otherwise memory freed by
-/// reclaiming a stalled client would go straight to the other stalled clients queued for more
-/// large READs, and a newcomer's 4 KiB request would wait behind all of them.
+/// Freed bytes go to the waiter with the lowest `priority` first; connections pass what they
+/// would hold in all once admitted, so the client asking for least goes first: otherwise memory
+/// freed by reclaiming a stalled client would go straight to the other stalled clients queued for
+/// more 32 MiB READs, and a newcomer's 4 KiB request would wait behind all of them.
 pub struct Budget {
     limit: u64,
     state: Mutex<BudgetState>,
@@ -47,8 +47,8 @@ pub struct Budget {
 
 struct BudgetState {
     used: u64,
-    /// Waiters by priority (holds some already, bytes wanted), with their count.
-    waiting: BTreeMap<(bool, u64), usize>,
+    /// Waiters by priority (lowest first), with their count.
+    waiting: BTreeMap<u64, usize>,
 }
 
 impl Budget {
@@ -75,20 +75,20 @@ impl Budget {
         self.state.lock().used
     }
 
-    /// Takes `n` bytes for a requester that holds nothing yet (`newcomer`) or already holds
-    /// some, waiting while they do not fit, others hold some, or a waiter with priority is
-    /// queued. Gives up (false) once `abort()` holds; calls `waiting()` every tick spent waiting.
+    /// Takes `n` bytes, waiting while they do not fit (and others hold some) or a waiter with a
+    /// lower `priority` is queued. Gives up (false) once `abort()` holds; calls `waiting()` every
+    /// tick spent waiting.
     pub fn acquire(
         &self,
         n: u64,
-        newcomer: bool,
+        priority: u64,
         abort: &dyn Fn() -> bool,
         waiting: &dyn Fn(),
     ) -> bool {
         if n == 0 {
             return true;
         }
-        let key = (!newcomer, n);
+        let key = priority;
         let mut st = self.state.lock();
         let mut queued = false;
         let admitted = loop {
@@ -375,12 +375,12 @@ mod tests {
     fn budget_admits_what_fits_and_one_oversized_request_alone() {
         let b = Budget::new(100);
         let never = || false;
-        assert!(b.acquire(60, true, &never, &|| {}));
-        assert!(b.acquire(40, false, &never, &|| {}));
+        assert!(b.acquire(60, 60, &never, &|| {}));
+        assert!(b.acquire(40, 40, &never, &|| {}));
         assert_eq!(b.used(), 100);
         b.release(100);
         // Larger than the whole budget: admitted when nothing else is held.
-        assert!(b.acquire(500, false, &never, &|| {}));
+        assert!(b.acquire(500, 500, &never, &|| {}));
         b.release(500);
         assert_eq!(b.used(), 0);
     }
@@ -388,11 +388,11 @@ mod tests {
     #[test]
     fn budget_waits_until_released_and_reports_pressure() {
         let b = Arc::new(Budget::new(100));
-        assert!(b.acquire(80, true, &|| false, &|| {}));
+        assert!(b.acquire(80, 80, &|| false, &|| {}));
         let waits = Arc::new(AtomicUsize::new(0));
         let (b2, w2) = (b.clone(), waits.clone());
         let t = std::thread::spawn(move || {
-            b2.acquire(50, false, &|| false, &|| {
+            b2.acquire(50, 50, &|| false, &|| {
                 w2.fetch_add(1, Ordering::Relaxed);
             })
         });
@@ -407,10 +407,10 @@ mod tests {
     #[test]
     fn budget_wait_gives_up_when_aborted() {
         let b = Budget::new(10);
-        assert!(b.acquire(10, true, &|| false, &|| {}));
+        assert!(b.acquire(10, 10, &|| false, &|| {}));
         let abort = AtomicBool::new(false);
         let started = Instant::now();
-        let got = b.acquire(5, true, &|| abort.load(Ordering::Relaxed), &|| {
+        let got = b.acquire(5, 5, &|| abort.load(Ordering::Relaxed), &|| {
             abort.store(true, Ordering::Relaxed)
         });
         assert!(!got);
@@ -419,18 +419,19 @@ mod tests {
     }
 
     #[test]
-    fn freed_budget_goes_to_newcomers_before_those_holding_some() {
+    fn freed_budget_goes_to_whoever_would_hold_least() {
         let b = Arc::new(Budget::new(100));
-        assert!(b.acquire(100, true, &|| false, &|| {}));
-        // A holder queues first, then a newcomer; 40 bytes come free: the newcomer gets them.
+        assert!(b.acquire(100, 100, &|| false, &|| {}));
+        // A client already holding 60 queues first, then a newcomer; 40 bytes come free: the
+        // newcomer gets them.
         let holder = {
             let b = b.clone();
-            std::thread::spawn(move || b.acquire(40, false, &|| false, &|| {}))
+            std::thread::spawn(move || b.acquire(40, 100, &|| false, &|| {}))
         };
         std::thread::sleep(Duration::from_millis(50));
         let newcomer = {
             let b = b.clone();
-            std::thread::spawn(move || b.acquire(40, true, &|| false, &|| {}))
+            std::thread::spawn(move || b.acquire(40, 40, &|| false, &|| {}))
         };
         std::thread::sleep(Duration::from_millis(50));
         b.release(40);
@@ -448,15 +449,15 @@ mod tests {
     #[test]
     fn freed_budget_goes_to_the_smallest_request_first() {
         let b = Arc::new(Budget::new(100));
-        assert!(b.acquire(100, true, &|| false, &|| {}));
+        assert!(b.acquire(100, 100, &|| false, &|| {}));
         let big = {
             let b = b.clone();
-            std::thread::spawn(move || b.acquire(60, true, &|| false, &|| {}))
+            std::thread::spawn(move || b.acquire(60, 60, &|| false, &|| {}))
         };
         std::thread::sleep(Duration::from_millis(50));
         let small = {
             let b = b.clone();
-            std::thread::spawn(move || b.acquire(10, true, &|| false, &|| {}))
+            std::thread::spawn(move || b.acquire(10, 10, &|| false, &|| {}))
         };
         std::thread::sleep(Duration::from_millis(50));
         // 10 bytes free: the small request goes though the big one asked first.

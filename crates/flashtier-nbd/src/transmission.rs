@@ -208,11 +208,12 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
     fn admit(&self, cost: u64) -> bool {
         let (conn, limits) = (self.params.conn, self.params.limits);
         let abort = || conn.is_closing();
-        let newcomer = conn.memory.used() == 0;
-        if !conn.memory.acquire(cost, true, &abort, &|| {}) {
+        if !conn.memory.acquire(cost, 0, &abort, &|| {}) {
             return false;
         }
-        if !limits.memory.acquire(cost, newcomer, &abort, &|| {
+        // The connection asking for least in all goes first (see `Budget`).
+        let priority = conn.memory.used();
+        if !limits.memory.acquire(cost, priority, &abort, &|| {
             limits.pressure(Pressure::Memory)
         }) {
             conn.memory.release(cost);

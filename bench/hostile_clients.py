@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""Hostile clients: what 256 misbehaving sockets cost `flashtier serve`, and whether a real client
+still gets in.
+
+Three attacks, each on a fresh server (defaults, unix socket, a 64 MiB sparse file), each with
+CLIENTS sockets:
+- never-read: handshake, then 16 READs of 32 MiB each, and never a recv of the replies;
+- dribble: a valid handshake sent one byte every 2 s (a slow-loris handshake);
+- idle: handshake, then nothing.
+While the attack runs (ATTACK_SECS), the server's RSS and thread count are sampled every 100 ms
+(peak reported). Then a real client connects: a raw NBD client (connect, handshake, 4 KiB write
+and read back: time to first I/O), `nbdinfo --size` and `qemu-io` (write, read, flush), each
+timed with a 10 s limit.
+
+Each server runs in a memory cgroup limited to RSS_CAP_MIB (page cache included) so that a
+server without memory bounds is OOM-killed instead of taking the machine down; that outcome is
+reported as such.
+
+    bench/hostile_clients.py [--before BIN] [--flashtier BIN] [--clients 256] [--attack-secs 6]
+
+--before BIN measures an older binary too (e.g. one built from the commit before the bounds), in
+the same run. Writes bench/results/hostile_clients.{md,json}.
+"""
+
+import argparse
+import json
+import socket
+import struct
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import benchlib as bl
+
+IHAVEOPT = 0x49484156454F5054
+OPT_GO = 7
+REQ_MAGIC = 0x25609513
+CMD_READ, CMD_WRITE = 0, 1
+MIB = 1 << 20
+SIZE = 64 * MIB
+LIMIT_S = 10.0
+
+
+def handshake_bytes():
+    """What a client sends for FIXED_NEWSTYLE | NO_ZEROES and GO on the default export."""
+    payload = struct.pack(">IH", 0, 0)
+    return struct.pack(">I", 3) + struct.pack(">QII", IHAVEOPT, OPT_GO, len(payload)) + payload
+
+
+def recv_exact(s, n):
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("server closed the connection")
+        buf += chunk
+    return buf
+
+
+def go(s):
+    """Handshake up to transmission (GO on the default export)."""
+    recv_exact(s, 18)
+    s.sendall(handshake_bytes())
+    while True:
+        h = recv_exact(s, 20)
+        _, _, ty, length = struct.unpack(">QIII", h)
+        recv_exact(s, length)
+        if ty == 1:
+            return
+        if ty & 0x80000000:
+            raise ConnectionError(f"GO refused ({ty:#x})")
+
+
+def request(cmd, handle, offset, length):
+    return struct.pack(">IHHQQI", REQ_MAGIC, 0, cmd, handle, offset, length)
+
+
+def connect(path, timeout=LIMIT_S):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    s.connect(str(path))
+    return s
+
+
+def real_client_ms(path):
+    """Connect, handshake, write 4 KiB and read it back; milliseconds, or an error string."""
+    t0 = time.monotonic()
+    try:
+        s = connect(path)
+        go(s)
+        data = bytes([0x5A]) * 4096
+        s.sendall(request(CMD_WRITE, 1, 8 * MIB, 4096) + data + request(CMD_READ, 2, 8 * MIB, 4096))
+        for _ in range(2):
+            magic, err, handle = struct.unpack(">IIQ", recv_exact(s, 16))
+            if err:
+                return f"error {err}"
+            if handle == 2 and recv_exact(s, 4096) != data:
+                return "wrong data"
+        s.close()
+        return round((time.monotonic() - t0) * 1000, 1)
+    except (OSError, ConnectionError) as e:
+        return f"failed after {time.monotonic() - t0:.1f} s: {e}"
+
+
+def tool_ms(argv):
+    t0 = time.monotonic()
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=LIMIT_S)
+    except subprocess.TimeoutExpired:
+        return f"timed out ({LIMIT_S:.0f} s)"
+    ms = round((time.monotonic() - t0) * 1000, 1)
+    text = (out.stdout + out.stderr).lower()
+    if out.returncode != 0 or "fail" in text or "error" in text:
+        return f"failed after {ms / 1000:.1f} s"
+    return ms
+
+
+class Attack:
+    """CLIENTS sockets doing one kind of misbehaviour, until stop()."""
+
+    def __init__(self, kind, path, clients):
+        self.kind, self.socks, self.errors = kind, [], 0
+        self.stopping = threading.Event()
+        hs = handshake_bytes()
+        for i in range(clients):
+            try:
+                s = connect(path, timeout=5)
+                if kind == "never-read":
+                    go(s)
+                    s.setblocking(False)
+                    burst = b"".join(request(CMD_READ, h, (i % 2) * 32 * MIB, 32 * MIB) for h in range(16))
+                    try:
+                        s.send(burst)
+                    except BlockingIOError:
+                        pass
+                elif kind == "idle":
+                    go(s)
+                elif kind == "dribble":
+                    recv_exact(s, 18)
+                    s.send(hs[:1])
+                self.socks.append(s)
+            except (OSError, ConnectionError):
+                self.errors += 1
+        if kind == "dribble":
+            self.thread = threading.Thread(target=self._dribble, args=(hs,), daemon=True)
+            self.thread.start()
+
+    def _dribble(self, hs):
+        sent = 1
+        while not self.stopping.wait(2.0) and sent < len(hs):
+            for s in self.socks:
+                try:
+                    s.send(hs[sent:sent + 1])
+                except OSError:
+                    pass
+            sent += 1
+
+    def stop(self):
+        self.stopping.set()
+        for s in self.socks:
+            s.close()
+
+
+def run_one(binary, label, kind, work, clients, attack_secs, cap_mib):
+    disk = work / "disk.img"
+    with open(disk, "wb") as f:
+        f.truncate(SIZE)
+    sock = work / "ft.sock"
+    cg = bl.MemCgroup(f"hostile-{label}", cap_mib * MIB)
+    server = bl.flashtier_serve(binary, str(disk), sock, work / f"{label}-{kind}.log", cgroup=cg,
+                                extra=["--control-socket", str(work / "c.sock"),
+                                       "--stats-file", str(work / "stats")])
+    row = {"binary": label, "attack": kind, "clients": clients}
+    try:
+        attack = Attack(kind, sock, clients)
+        row["attack_connect_errors"] = attack.errors
+        peak_rss, peak_threads, died = 0, 0, None
+        t_end = time.monotonic() + attack_secs
+        while time.monotonic() < t_end:
+            if server.proc.poll() is not None:
+                died = f"exited (status {server.proc.returncode}; OOM-killed at the {cap_mib} MiB cgroup limit)" \
+                    if cg.stat()["failcnt"] else f"exited (status {server.proc.returncode})"
+                break
+            st = bl.proc_status(server.pid)
+            peak_rss = max(peak_rss, st.get("VmRSS", 0))
+            peak_threads = max(peak_threads, int(st.get("Threads", 0)))
+            time.sleep(0.1)
+        row["peak_rss_mib"] = round(peak_rss / 1024)
+        row["peak_threads"] = peak_threads
+        row["server"] = died or "running"
+        uri = f"nbd+unix:///?socket={sock}"
+        row["first_io_ms"] = real_client_ms(sock)
+        row["nbdinfo_ms"] = tool_ms(["nbdinfo", "--size", uri])
+        row["qemu_io_ms"] = tool_ms(["qemu-io", "-f", "raw", uri, "-c", "write -P 0x33 1M 64k",
+                                     "-c", "read -P 0x33 1M 64k", "-c", "flush"])
+        attack.stop()
+    finally:
+        server.kill()
+        cg.remove()
+    print(f"{label:7} {kind:10} peak RSS {row['peak_rss_mib']:6} MiB  threads {row['peak_threads']:5}  "
+          f"first I/O {row['first_io_ms']}  nbdinfo {row['nbdinfo_ms']}  qemu-io {row['qemu_io_ms']}  "
+          f"server {row['server']}", flush=True)
+    return row
+
+
+def fmt(v):
+    return f"{v:,.0f} ms" if isinstance(v, (int, float)) else str(v)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--flashtier", help="binary to measure (default: a fresh release build)")
+    ap.add_argument("--before", help="an older binary to measure the same way, for comparison")
+    ap.add_argument("--clients", type=int, default=256, help="hostile sockets per attack (default 256)")
+    ap.add_argument("--attack-secs", type=float, default=6, help="seconds of attack before the real client")
+    ap.add_argument("--rss-cap-mib", type=int, default=4096, help="memory cgroup limit per server")
+    ap.add_argument("--workdir", default="/var/tmp/flashtier-bench-hostile")
+    ap.add_argument("--out", default=str(bl.REPO / "bench" / "results"))
+    args = ap.parse_args()
+    bl.require("nbdinfo", "qemu-io")
+    after = bl.flashtier_binary(args.flashtier)
+    work = Path(args.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    binaries = ([("before", Path(args.before).resolve())] if args.before else []) + [("after", after)]
+    rows = []
+    for kind in ["never-read", "dribble", "idle"]:
+        for label, binary in binaries:
+            rows.append(run_one(binary, label, kind, work, args.clients, args.attack_secs, args.rss_cap_mib))
+
+    machine = bl.machine_description(after, work)
+    out = Path(args.out)
+    doc = {"command": bl.command_line(), "machine": machine, "binaries": {k: str(v) for k, v in binaries},
+           "rows": rows}
+    (out / "hostile_clients.json").write_text(json.dumps(doc, indent=2) + "\n")
+    lines = [
+        "# Hostile clients: memory, threads, and a real client's way in",
+        "",
+        f"Command: `{doc['command']}`  ",
+        bl.machine_line(machine) + "  ",
+        "Binaries: " + ", ".join(f"{k} = `{v}`" for k, v in binaries),
+        "",
+        f"{args.clients} hostile unix-socket clients per attack against `flashtier serve` with default "
+        f"settings, for {args.attack_secs:g} s (peak RSS and threads sampled every 100 ms), then a real "
+        "client: time to connect, handshake and complete a 4 KiB write + read (raw client), and the "
+        f"wall time of `nbdinfo --size` and of `qemu-io` (64 KiB write, read, flush), {LIMIT_S:.0f} s limit each. "
+        f"Each server runs in a {args.rss_cap_mib} MiB memory cgroup.",
+        "",
+        "| attack | binary | peak RSS MiB | peak threads | first I/O | nbdinfo | qemu-io | server |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['attack']} | {r['binary']} | {r['peak_rss_mib']:,} | {r['peak_threads']:,} | "
+                     f"{fmt(r['first_io_ms'])} | {fmt(r['nbdinfo_ms'])} | {fmt(r['qemu_io_ms'])} | {r['server']} |")
+    (out / "hostile_clients.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
