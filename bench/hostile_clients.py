@@ -90,13 +90,17 @@ def real_client_ms(path):
         s = connect(path)
         go(s)
         data = bytes([0x5A]) * 4096
-        s.sendall(request(CMD_WRITE, 1, 8 * MIB, 4096) + data + request(CMD_READ, 2, 8 * MIB, 4096))
-        for _ in range(2):
-            magic, err, handle = struct.unpack(">IIQ", recv_exact(s, 16))
-            if err:
-                return f"error {err}"
-            if handle == 2 and recv_exact(s, 4096) != data:
-                return "wrong data"
+        # The READ only after the WRITE's reply: NBD does not order requests in flight.
+        s.sendall(request(CMD_WRITE, 1, 8 * MIB, 4096) + data)
+        _, err, _ = struct.unpack(">IIQ", recv_exact(s, 16))
+        if err:
+            return f"WRITE error {err}"
+        s.sendall(request(CMD_READ, 2, 8 * MIB, 4096))
+        _, err, _ = struct.unpack(">IIQ", recv_exact(s, 16))
+        if err:
+            return f"READ error {err}"
+        if recv_exact(s, 4096) != data:
+            return "wrong data"
         s.close()
         return round((time.monotonic() - t0) * 1000, 1)
     except (OSError, ConnectionError) as e:

@@ -99,20 +99,27 @@ fn real_client_io(socket: &Path) -> Duration {
     let mut s = connect(socket);
     go(&mut s);
     let data = vec![0x5a; 4096];
+    // The READ only after the WRITE's reply: NBD does not order requests in flight.
     let mut msg = request(cmd::WRITE, 1, 8 * MIB, 4096).to_vec();
     msg.extend_from_slice(&data);
-    msg.extend_from_slice(&request(cmd::READ, 2, 8 * MIB, 4096));
     s.write_all(&msg).unwrap();
-    for _ in 0..2 {
-        let mut r = [0u8; 16];
-        s.read_exact(&mut r).expect("reply");
-        assert_eq!(wire::be32(&r[4..8]), 0, "request failed");
-        if wire::be64(&r[8..16]) == 2 {
-            let mut got = vec![0u8; 4096];
-            s.read_exact(&mut got).unwrap();
-            assert_eq!(got, data);
-        }
-    }
+    let mut r = [0u8; 16];
+    s.read_exact(&mut r).expect("WRITE reply");
+    assert_eq!(
+        (wire::be32(&r[4..8]), wire::be64(&r[8..16])),
+        (0, 1),
+        "WRITE failed"
+    );
+    s.write_all(&request(cmd::READ, 2, 8 * MIB, 4096)).unwrap();
+    s.read_exact(&mut r).expect("READ reply");
+    assert_eq!(
+        (wire::be32(&r[4..8]), wire::be64(&r[8..16])),
+        (0, 2),
+        "READ failed"
+    );
+    let mut got = vec![0u8; 4096];
+    s.read_exact(&mut got).unwrap();
+    assert!(got == data, "READ returned other data than written");
     started.elapsed()
 }
 
