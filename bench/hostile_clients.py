@@ -16,10 +16,19 @@ Each server runs in a memory cgroup limited to RSS_CAP_MIB (page cache included)
 server without memory bounds is OOM-killed instead of taking the machine down; that outcome is
 reported as such.
 
+The measured binary gets its limits spelled out (the defaults: --max-connections 256,
+--worker-pool 512, --threads 16, --request-memory-mib 1024, --request-memory-per-connection-mib
+64) and its peak RSS is checked against the bound the code enforces (ARCHITECTURE.md): the RSS
+it had before any client came, plus request memory charged to the budgets (at most
+max(request memory, one 32 MiB request)), plus the 256 KiB buffer each thread keeps and uses
+uncharged for requests up to 256 KiB, times (max connections + worker pool) threads, plus each
+connection's 256 KiB read buffer. Its peak thread count is checked against max connections +
+worker pool + the threads it had before any client.
+
     bench/hostile_clients.py [--before BIN] [--flashtier BIN] [--clients 256] [--attack-secs 6]
 
---before BIN measures an older binary too (e.g. one built from the commit before the bounds), in
-the same run. Writes bench/results/hostile_clients.{md,json}.
+--before BIN measures an older binary too (e.g. one built from the commit before the bounds, with
+its own defaults), in the same run. Writes bench/results/hostile_clients.{md,json,png}.
 """
 
 import argparse
@@ -40,6 +49,29 @@ CMD_READ, CMD_WRITE = 0, 1
 MIB = 1 << 20
 SIZE = 64 * MIB
 LIMIT_S = 10.0
+KIB = 1 << 10
+
+# The limits the measured binary runs with (its defaults, spelled out) and what the code adds to
+# them: see ARCHITECTURE.md, "Memory and thread bound".
+MAX_CONNECTIONS = 256
+WORKER_POOL = 512
+THREADS = 16
+REQUEST_MEMORY_MIB = 1024
+REQUEST_MEMORY_PER_CONNECTION_MIB = 64
+MAX_PAYLOAD_MIB = 32
+KEEP_BUFFER = 256 * KIB
+INBOUND_BUFFER = 256 * KIB
+LIMIT_FLAGS = ["--max-connections", str(MAX_CONNECTIONS), "--worker-pool", str(WORKER_POOL),
+               "--threads", str(THREADS), "--request-memory-mib", str(REQUEST_MEMORY_MIB),
+               "--request-memory-per-connection-mib", str(REQUEST_MEMORY_PER_CONNECTION_MIB)]
+
+
+def memory_bound_mib():
+    """Memory the server may hold for clients beyond its RSS before any client, as enforced."""
+    charged = max(REQUEST_MEMORY_MIB, MAX_PAYLOAD_MIB) * MIB
+    kept = KEEP_BUFFER * (MAX_CONNECTIONS + WORKER_POOL)
+    inbound = INBOUND_BUFFER * MAX_CONNECTIONS
+    return (charged + kept + inbound) / MIB
 
 
 def handshake_bytes():
@@ -166,7 +198,7 @@ class Attack:
             s.close()
 
 
-def run_one(binary, label, kind, work, clients, attack_secs, cap_mib):
+def run_one(binary, label, kind, work, clients, attack_secs, cap_mib, limits):
     disk = work / "disk.img"
     with open(disk, "wb") as f:
         f.truncate(SIZE)
@@ -174,9 +206,16 @@ def run_one(binary, label, kind, work, clients, attack_secs, cap_mib):
     cg = bl.MemCgroup(f"hostile-{label}", cap_mib * MIB)
     server = bl.flashtier_serve(binary, str(disk), sock, work / f"{label}-{kind}.log", cgroup=cg,
                                 extra=["--control-socket", str(work / "c.sock"),
-                                       "--stats-file", str(work / "stats")])
+                                       "--stats-file", str(work / "stats"), *(LIMIT_FLAGS if limits else [])])
     row = {"binary": label, "attack": kind, "clients": clients}
     try:
+        time.sleep(0.5)
+        st = bl.proc_status(server.pid)
+        row["idle_rss_mib"] = round(st.get("VmRSS", 0) / 1024, 1)
+        row["idle_threads"] = int(st.get("Threads", 0))
+        if limits:
+            row["rss_bound_mib"] = round(row["idle_rss_mib"] + memory_bound_mib(), 1)
+            row["threads_bound"] = row["idle_threads"] + MAX_CONNECTIONS + WORKER_POOL
         attack = Attack(kind, sock, clients)
         row["attack_connect_errors"] = attack.errors
         peak_rss, peak_threads, died = 0, 0, None
@@ -193,6 +232,9 @@ def run_one(binary, label, kind, work, clients, attack_secs, cap_mib):
         row["peak_rss_mib"] = round(peak_rss / 1024)
         row["peak_threads"] = peak_threads
         row["server"] = died or "running"
+        if limits:
+            row["within_bounds"] = (not died and row["peak_rss_mib"] <= row["rss_bound_mib"]
+                                    and peak_threads <= row["threads_bound"])
         uri = f"nbd+unix:///?socket={sock}"
         row["first_io_ms"] = real_client_ms(sock)
         row["nbdinfo_ms"] = tool_ms(["nbdinfo", "--size", uri])
@@ -206,6 +248,10 @@ def run_one(binary, label, kind, work, clients, attack_secs, cap_mib):
           f"first I/O {row['first_io_ms']}  nbdinfo {row['nbdinfo_ms']}  qemu-io {row['qemu_io_ms']}  "
           f"server {row['server']}", flush=True)
     return row
+
+
+def num(v):
+    return "—" if v is None else f"{v:,}"
 
 
 def fmt(v):
@@ -222,6 +268,7 @@ def main():
     ap.add_argument("--workdir", default="/var/tmp/flashtier-bench-hostile")
     ap.add_argument("--out", default=str(bl.REPO / "bench" / "results"))
     args = ap.parse_args()
+    bl.ensure_matplotlib()
     bl.require("nbdinfo", "qemu-io")
     after = bl.flashtier_binary(args.flashtier)
     work = Path(args.workdir)
@@ -230,12 +277,13 @@ def main():
     rows = []
     for kind in ["never-read", "dribble", "idle"]:
         for label, binary in binaries:
-            rows.append(run_one(binary, label, kind, work, args.clients, args.attack_secs, args.rss_cap_mib))
+            rows.append(run_one(binary, label, kind, work, args.clients, args.attack_secs, args.rss_cap_mib,
+                                limits=label == "after"))
 
     machine = bl.machine_description(after, work)
     out = Path(args.out)
     doc = {"command": bl.command_line(), "machine": machine, "binaries": {k: str(v) for k, v in binaries},
-           "rows": rows}
+           "limit_flags": LIMIT_FLAGS, "memory_bound_beyond_idle_mib": memory_bound_mib(), "rows": rows}
     (out / "hostile_clients.json").write_text(json.dumps(doc, indent=2) + "\n")
     lines = [
         "# Hostile clients: memory, threads, and a real client's way in",
@@ -248,16 +296,52 @@ def main():
         f"settings, for {args.attack_secs:g} s (peak RSS and threads sampled every 100 ms), then a real "
         "client: time to connect, handshake and complete a 4 KiB write + read (raw client), and the "
         f"wall time of `nbdinfo --size` and of `qemu-io` (64 KiB write, read, flush), {LIMIT_S:.0f} s limit each. "
-        f"Each server runs in a {args.rss_cap_mib} MiB memory cgroup.",
+        f"Each server runs in a {args.rss_cap_mib} MiB memory cgroup. **after** runs with "
+        f"`{' '.join(LIMIT_FLAGS)}` (its defaults); its bounds: RSS ≤ RSS before any client + "
+        f"max({REQUEST_MEMORY_MIB}, {MAX_PAYLOAD_MIB}) MiB charged request memory + 256 KiB kept per thread × "
+        f"({MAX_CONNECTIONS} + {WORKER_POOL}) threads + 256 KiB read buffer × {MAX_CONNECTIONS} connections "
+        f"= RSS before + {memory_bound_mib():,.0f} MiB; threads ≤ threads before + {MAX_CONNECTIONS} + {WORKER_POOL}.",
         "",
-        "| attack | binary | peak RSS MiB | peak threads | first I/O | nbdinfo | qemu-io | server |",
-        "|---|---|---:|---:|---:|---:|---:|---|",
+        "| attack | binary | RSS before MiB | peak RSS MiB | RSS bound MiB | peak threads | thread bound | "
+        "within bounds | first I/O | nbdinfo | qemu-io | server |",
+        "|---|---|---:|---:|---:|---:|---:|:---:|---:|---:|---:|---|",
     ]
     for r in rows:
-        lines.append(f"| {r['attack']} | {r['binary']} | {r['peak_rss_mib']:,} | {r['peak_threads']:,} | "
-                     f"{fmt(r['first_io_ms'])} | {fmt(r['nbdinfo_ms'])} | {fmt(r['qemu_io_ms'])} | {r['server']} |")
+        ok = {True: "✓", False: "✗"}.get(r.get("within_bounds"), "—")
+        lines.append(f"| {r['attack']} | {r['binary']} | {r['idle_rss_mib']:,} | {r['peak_rss_mib']:,} | "
+                     f"{num(r.get('rss_bound_mib'))} | {r['peak_threads']:,} | {num(r.get('threads_bound'))} | "
+                     f"{ok} | {fmt(r['first_io_ms'])} | {fmt(r['nbdinfo_ms'])} | {fmt(r['qemu_io_ms'])} | "
+                     f"{r['server']} |")
+    lines += ["", "![peak RSS and threads per attack](hostile_clients.png)"]
     (out / "hostile_clients.md").write_text("\n".join(lines) + "\n")
+    plot(out / "hostile_clients.png", rows, [label for label, _ in binaries])
     print("\n".join(lines))
+
+
+def plot(path, rows, labels):
+    plt = bl.pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    attacks = list(dict.fromkeys(r["attack"] for r in rows))
+    colors = {"before": "#888888", "after": "#1f77b4"}
+    width = 0.8 / len(labels)
+    for ax, key, bound, title in [(axes[0], "peak_rss_mib", "rss_bound_mib", "peak RSS (MiB)"),
+                                  (axes[1], "peak_threads", "threads_bound", "peak threads")]:
+        for i, label in enumerate(labels):
+            for j, attack in enumerate(attacks):
+                r = next(r for r in rows if r["attack"] == attack and r["binary"] == label)
+                x = j + (i - (len(labels) - 1) / 2) * width
+                ax.bar(x, r[key], width=width * 0.95, color=colors.get(label, "#1f77b4"),
+                       label=label if j == 0 else None, hatch="//" if r["server"] != "running" else None)
+                if bound in r:
+                    ax.hlines(r[bound], x - width / 2, x + width / 2, colors="red",
+                              label="bound (after)" if j == 0 else None)
+        ax.set_xticks(range(len(attacks)))
+        ax.set_xticklabels([f"{a}\n({rows[0]['clients']} clients)" for a in attacks])
+        ax.set_ylabel(title)
+        ax.legend()
+    axes[0].set_title("Server RSS under attack (hatched: server died)")
+    axes[1].set_title("Server threads under attack")
+    bl.save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -103,6 +103,7 @@ pub fn run(data: &[u8]) -> Ended {
             threads: 1,
             limits: &limits,
             conn: &conn,
+            wait_readable: &|_| true,
         };
         serve(&params, &data[consumed..], io::sink(), &|| {});
         crate::reset(&mem, 0..DEV_SIZE);

@@ -144,6 +144,7 @@ pub fn run(data: &[u8]) -> Answers {
         threads: 1,
         limits: &limits,
         conn: &conn,
+        wait_readable: &|_| true,
     };
     let mut out = Vec::new();
     let hung_up = AtomicBool::new(false);

@@ -14,8 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, AtomicUsize, Ordering};
-use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
@@ -39,26 +38,26 @@ pub enum Pressure {
 /// would hold in all once admitted, so the client asking for least goes first: otherwise memory
 /// freed by reclaiming a stalled client would go straight to the other stalled clients queued for
 /// more 32 MiB READs, and a newcomer's 4 KiB request would wait behind all of them.
+///
+/// Taking and giving back are lock-free while nobody waits (every request does both); the mutex
+/// is only for waiters.
 pub struct Budget {
     limit: u64,
-    state: Mutex<BudgetState>,
-    freed: Condvar,
-}
-
-struct BudgetState {
-    used: u64,
+    used: AtomicU64,
+    /// Threads queued in `waiting`; when zero, `release` need not wake anyone.
+    waiters: AtomicUsize,
     /// Waiters by priority (lowest first), with their count.
-    waiting: BTreeMap<u64, usize>,
+    waiting: Mutex<BTreeMap<u64, usize>>,
+    freed: Condvar,
 }
 
 impl Budget {
     pub fn new(limit: u64) -> Budget {
         Budget {
             limit: limit.max(1),
-            state: Mutex::new(BudgetState {
-                used: 0,
-                waiting: BTreeMap::new(),
-            }),
+            used: AtomicU64::new(0),
+            waiters: AtomicUsize::new(0),
+            waiting: Mutex::new(BTreeMap::new()),
             freed: Condvar::new(),
         }
     }
@@ -72,7 +71,16 @@ impl Budget {
     }
 
     pub fn used(&self) -> u64 {
-        self.state.lock().used
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Takes `n` bytes if they fit (or nothing is held).
+    fn try_take(&self, n: u64) -> bool {
+        self.used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |u| {
+                (u == 0 || u.saturating_add(n) <= self.limit).then_some(u + n)
+            })
+            .is_ok()
     }
 
     /// Takes `n` bytes, waiting while they do not fit (and others hold some) or a waiter with a
@@ -88,37 +96,33 @@ impl Budget {
         if n == 0 {
             return true;
         }
-        let key = priority;
-        let mut st = self.state.lock();
-        let mut queued = false;
+        if self.waiters.load(Ordering::SeqCst) == 0 && self.try_take(n) {
+            return true;
+        }
+        let mut queue = self.waiting.lock();
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        *queue.entry(priority).or_insert(0) += 1;
         let admitted = loop {
-            let fits = st.used == 0 || st.used.saturating_add(n) <= self.limit;
-            if fits && st.waiting.range(..key).next().is_none() {
-                st.used += n;
+            if queue.range(..priority).next().is_none() && self.try_take(n) {
                 break true;
             }
             if abort() {
                 break false;
             }
-            if !queued {
-                *st.waiting.entry(key).or_insert(0) += 1;
-                queued = true;
-            }
-            if self.freed.wait_for(&mut st, WAIT_TICK).timed_out() {
-                parking_lot::MutexGuard::unlocked(&mut st, waiting);
+            if self.freed.wait_for(&mut queue, WAIT_TICK).timed_out() {
+                parking_lot::MutexGuard::unlocked(&mut queue, waiting);
             }
         };
-        if queued {
-            if let Some(count) = st.waiting.get_mut(&key) {
-                *count -= 1;
-                if *count == 0 {
-                    st.waiting.remove(&key);
-                }
+        if let Some(count) = queue.get_mut(&priority) {
+            *count -= 1;
+            if *count == 0 {
+                queue.remove(&priority);
             }
-            // Waiters behind us may go now.
-            drop(st);
-            self.freed.notify_all();
         }
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        drop(queue);
+        // Waiters behind us may go now.
+        self.freed.notify_all();
         admitted
     }
 
@@ -126,10 +130,13 @@ impl Budget {
         if n == 0 {
             return;
         }
-        let mut st = self.state.lock();
-        st.used = st.used.saturating_sub(n);
-        drop(st);
-        self.freed.notify_all();
+        self.used.fetch_sub(n, Ordering::SeqCst);
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            // Under the lock: a waiter is either before its check (and sees what was freed) or
+            // already waiting (and is woken).
+            drop(self.waiting.lock());
+            self.freed.notify_all();
+        }
     }
 }
 
@@ -199,11 +206,18 @@ impl Limits {
     }
 }
 
-/// Milliseconds since the first call in this process: a cheap timestamp that fits an atomic.
+/// Milliseconds on the coarse monotonic clock: a timestamp that fits an atomic and costs a few
+/// nanoseconds (every request takes two); its few milliseconds of resolution are plenty for
+/// thresholds of seconds.
 pub fn now_ms() -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec to a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut t) };
     // +1 so that 0 can mean "never".
-    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
+    t.tv_sec as u64 * 1000 + t.tv_nsec as u64 / 1_000_000 + 1
 }
 
 const PHASE_HANDSHAKE: u8 = 0;
@@ -277,14 +291,19 @@ impl ConnState {
         self.closing.load(Ordering::Acquire)
     }
 
+    /// Requests read and not yet answered.
+    pub(crate) fn in_flight(&self) -> u64 {
+        self.in_flight.load(Ordering::Acquire)
+    }
+
     pub(crate) fn request_read(&self) {
         self.requests.fetch_add(1, Ordering::Relaxed);
-        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.last_active_ms.store(now_ms(), Ordering::Relaxed);
     }
 
     pub(crate) fn request_done(&self) {
-        self.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.last_active_ms.store(now_ms(), Ordering::Relaxed);
     }
 
@@ -370,6 +389,7 @@ impl Policy {
 mod tests {
     use super::*;
     use std::sync::Arc;
+    use std::time::Instant;
 
     #[test]
     fn budget_admits_what_fits_and_one_oversized_request_alone() {

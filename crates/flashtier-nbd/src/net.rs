@@ -159,6 +159,27 @@ impl Drop for Listener {
     }
 }
 
+/// Waits up to `timeout` until `fd` has something to read (or reports an error or hangup).
+pub(crate) fn poll_readable(fd: RawFd, timeout: std::time::Duration) -> bool {
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd for the duration of the call.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r >= 0 {
+            return r > 0;
+        }
+        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            // Let the read that follows report the error.
+            return true;
+        }
+    }
+}
+
 /// TCP keepalive: a client whose machine vanished (no FIN, no RST: a half-open connection) is
 /// noticed after [`KEEPALIVE_IDLE_SECS`] + [`KEEPALIVE_COUNT`] × [`KEEPALIVE_INTERVAL_SECS`]
 /// seconds of silence, and its connection closed, instead of holding a slot forever.
@@ -276,6 +297,11 @@ impl Stream {
             Stream::Unix(s) => s.as_raw_fd(),
             Stream::Tcp(s) => s.as_raw_fd(),
         }
+    }
+
+    /// Waits up to `timeout` for data, end of stream or an error to read; false on timeout.
+    pub fn wait_readable(&self, timeout: std::time::Duration) -> bool {
+        poll_readable(self.fd(), timeout)
     }
 
     pub fn is_tcp(&self) -> bool {

@@ -449,6 +449,8 @@ fn run_connection(
     plain.finish()?;
     conn.entered_transmission();
     tracing::debug!(?session, tls = tls.is_some(), "entering transmission");
+    let plain_readable = |t: Duration| stream.wait_readable(t);
+    let tls_readable = |t: Duration| tls.as_ref().is_some_and(|s| s.wait_readable(t));
     let params = transmission::Params {
         export,
         session,
@@ -456,6 +458,11 @@ fn run_connection(
         threads: config.threads_per_connection,
         limits: &state.limits,
         conn,
+        wait_readable: if tls.is_some() {
+            &tls_readable
+        } else {
+            &plain_readable
+        },
     };
     let hangup = || {
         let _ = stream.shutdown(Shutdown::Both);

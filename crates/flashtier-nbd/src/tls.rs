@@ -610,6 +610,16 @@ impl TlsStream {
         self.write_until(&joined, deadline)
     }
 
+    /// Waits up to `timeout` for something to read: decrypted data OpenSSL holds already, or
+    /// bytes (or end of stream) on the socket. False on timeout. Read-ahead is off, so OpenSSL
+    /// holds no bytes beyond the record being read: `SSL_pending` plus the socket cover all.
+    pub fn wait_readable(&self, timeout: std::time::Duration) -> bool {
+        if self.ssl.lock().ssl().pending() > 0 {
+            return true;
+        }
+        crate::net::poll_readable(self.fd, timeout)
+    }
+
     /// Sends a TLS close_notify, best effort.
     pub fn close(&self) {
         let _ = self.ssl.lock().shutdown();

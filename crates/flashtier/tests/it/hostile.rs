@@ -285,3 +285,53 @@ fn clients_that_never_read_replies_cannot_exhaust_memory() {
     assert!(rss < BOUND, "RSS {} MiB after the real clients", rss >> 20);
     drop(hostile);
 }
+
+/// Threads come with load and go with it: a burst of pipelined requests on one connection grows
+/// its threads, and once it has been idle for 5 s they exit, down to the connection's own.
+#[test]
+fn extra_threads_retire_when_a_connection_goes_idle() {
+    let dir = harness::Scratch::new();
+    let fx = serve(dir.path(), &[]);
+    let socket = fx.socket().expect("unix socket");
+    let mut s = connect(&socket);
+    go(&mut s);
+    std::thread::sleep(Duration::from_millis(300));
+    let (_, idle_threads) = rss_and_threads(fx.pid());
+    // 64 pipelined 1 MiB READs, answered while we read them: threads grow to serve them.
+    let burst: Vec<u8> = (0..64u64)
+        .flat_map(|h| request(cmd::READ, h, (h % 32) * MIB, MIB as u32))
+        .collect();
+    let mut peak = idle_threads;
+    let reader = {
+        let mut s = s.try_clone().unwrap();
+        std::thread::spawn(move || {
+            for _ in 0..64 {
+                let mut r = [0u8; 16];
+                s.read_exact(&mut r).expect("reply");
+                assert_eq!(wire::be32(&r[4..8]), 0);
+                let mut data = vec![0u8; MIB as usize];
+                s.read_exact(&mut data).unwrap();
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    s.write_all(&burst).unwrap();
+    while !reader.is_finished() {
+        peak = peak.max(rss_and_threads(fx.pid()).1);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    reader.join().unwrap();
+    assert!(
+        peak >= idle_threads + 4,
+        "threads did not grow under load: {idle_threads} idle, {peak} at peak"
+    );
+    let mut now = peak;
+    harness::wait_until(Duration::from_secs(20), "extra threads to retire", || {
+        now = rss_and_threads(fx.pid()).1;
+        now <= idle_threads
+    });
+    eprintln!("threads: {idle_threads} idle, {peak} under load, {now} after 5 s idle");
+    // The connection still works on its own thread.
+    assert!(real_client_io(&socket) < Duration::from_secs(1));
+    drop(s);
+}
