@@ -26,7 +26,7 @@ use flashtier_io::AlignedBuf;
 use parking_lot::{Condvar, Mutex};
 
 use crate::engine::Engine;
-use crate::layout::batch::{self, BatchHeader, Entry, Kind};
+use crate::layout::batch::{self, BatchHeader, Entry, HeaderKind, Kind, OWN_LEN};
 use crate::layout::checkpoint::{Checkpoint, CheckpointEntry, LogHead};
 use crate::segments::Head;
 use crate::stats::Stats;
@@ -46,6 +46,9 @@ const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(30);
 const LINGER: Duration = Duration::from_millis(20);
 /// ... but no longer than it takes to gather this many data blocks.
 const LINGER_BLOCKS: u32 = 64;
+/// After a sync, the writer waits this long for more work before it writes a note (see
+/// `Writer::write_note`): under load the next batch carries the news anyway.
+const NOTE_DELAY: Duration = Duration::from_millis(10);
 
 /// A record to append.
 pub struct Record {
@@ -56,15 +59,23 @@ pub struct Record {
     pub aux: u64,
     /// `nblocks` blocks for WRITE, PROMOTE and MOVE.
     pub data: Option<AlignedBuf>,
+    /// CRC32C of each data block (what reads of the blocks are checked against), and of the
+    /// whole record (what recovery checks).
+    block_crcs: Vec<u32>,
     crc: u32,
     /// PROMOTE: the guard clock when the backing store was read (see `guards`).
     pub promote_since: Option<u64>,
 }
 
 impl Record {
+    /// A record; its data (if any) is checksummed here, on the caller's thread, so many
+    /// writers share the cost.
     pub fn new(kind: Kind, lba: u64, nblocks: u32, data: Option<AlignedBuf>) -> Record {
-        // Checksummed on the caller's thread, so many writers share the cost.
-        let crc = data.as_deref().map_or(0, batch::data_crc);
+        let block_crcs = match &data {
+            Some(d) => batch::block_crcs(d, d.len() / nblocks.max(1) as usize),
+            None => Vec::new(),
+        };
+        let crc = batch::combine_crcs(&block_crcs, data.as_ref().map_or(0, |d| d.len()));
         Record {
             kind,
             dirty: false,
@@ -72,6 +83,7 @@ impl Record {
             nblocks,
             aux: 0,
             data,
+            block_crcs,
             crc,
             promote_since: None,
         }
@@ -286,6 +298,15 @@ pub struct Writer {
     header: AlignedBuf,
     client_pending: VecDeque<Op>,
     client_blocked: bool,
+    /// Every record numbered below this was synced to the cache device.
+    durable: u64,
+    /// The `durable` the last header written carried: a note is due while this lags.
+    durable_told: u64,
+    /// The own half of the last batch or seal header written (zeroes: none), which the next
+    /// header carries a copy of.
+    prev_own: Box<[u8; OWN_LEN]>,
+    /// This cache's log id, in every header.
+    log_id: u64,
     last_checkpoint: Instant,
     checkpointed_seq: u64,
     /// Log blocks written since the last checkpoint: replay reads at most this much.
@@ -320,6 +341,11 @@ impl Batch {
 impl Writer {
     pub(crate) fn new(e: Arc<Engine>, start: &crate::engine::LogStart) -> Writer {
         let bs = e.geo.block_size as usize;
+        if start.checkpoint_now {
+            // What recovery repaired (lost blocks, a damaged checkpoint slot) made durable now,
+            // not at the next checkpoint the log's movement would bring.
+            e.log.request_checkpoint();
+        }
         Writer {
             e,
             next_seq: start.next_seq,
@@ -328,6 +354,11 @@ impl Writer {
             header: AlignedBuf::zeroed(bs),
             client_pending: VecDeque::new(),
             client_blocked: false,
+            // Opening synced what recovery found, so all of it is durable.
+            durable: start.next_seq,
+            durable_told: start.next_seq,
+            prev_own: start.last_header.clone(),
+            log_id: start.log_id,
             last_checkpoint: Instant::now(),
             // What recovery replayed is still behind the last checkpoint.
             checkpointed_seq: if start.replayed_blocks > 0 {
@@ -352,7 +383,7 @@ impl Writer {
 
     fn run(mut self) {
         loop {
-            let (system, stop) = {
+            let round = {
                 let log = &self.e.log;
                 let mut q = log.queue.lock();
                 loop {
@@ -378,18 +409,41 @@ impl Writer {
                         q.system.push_back(Op::Checkpoint(None));
                         break;
                     }
+                    if self.note_due() {
+                        if log.work.wait_for(&mut q, NOTE_DELAY).timed_out()
+                            && q.system.is_empty()
+                            && q.client.is_empty()
+                            && !q.stop
+                        {
+                            break;
+                        }
+                        continue;
+                    }
                     log.work.wait_for(&mut q, Duration::from_secs(1));
                 }
-                if !q.stop && only_unawaited(&q, &self.client_pending) {
-                    let deadline = Instant::now() + LINGER;
-                    while !q.stop
-                        && only_unawaited(&q, &self.client_pending)
-                        && unawaited_blocks(&q) < LINGER_BLOCKS
-                        && !log.work.wait_until(&mut q, deadline).timed_out()
-                    {}
+                let idle = q.system.is_empty()
+                    && q.client.is_empty()
+                    && !q.stop
+                    && (self.client_blocked || self.client_pending.is_empty());
+                if idle && self.note_due() {
+                    None
+                } else {
+                    if !q.stop && only_unawaited(&q, &self.client_pending) {
+                        let deadline = Instant::now() + LINGER;
+                        while !q.stop
+                            && only_unawaited(&q, &self.client_pending)
+                            && unawaited_blocks(&q) < LINGER_BLOCKS
+                            && !log.work.wait_until(&mut q, deadline).timed_out()
+                        {
+                        }
+                    }
+                    self.client_pending.extend(q.client.drain(..));
+                    Some((q.system.drain(..).collect::<Vec<_>>(), q.stop))
                 }
-                self.client_pending.extend(q.client.drain(..));
-                (q.system.drain(..).collect::<Vec<_>>(), q.stop)
+            };
+            let Some((system, stop)) = round else {
+                self.write_note();
+                continue;
             };
             let mut wants_sync = Vec::new();
             let mut wants_checkpoint = Vec::new();
@@ -578,10 +632,12 @@ impl Writer {
         let header = BatchHeader {
             seq_first: self.next_seq,
             epoch: self.epoch,
-            seal: false,
+            kind: HeaderKind::Batch,
+            durable: self.durable,
+            log: self.log_id,
             entries: batch.recs.iter().map(|(r, _)| r.entry()).collect(),
         };
-        header.encode(&mut self.header);
+        header.encode(&self.prev_own[..], &mut self.header);
         let first_slot = geo.first_slot(head.segment) + head.used;
         let mut iov: Vec<&[u8]> = Vec::with_capacity(1 + batch.recs.len());
         iov.push(&self.header);
@@ -605,6 +661,7 @@ impl Writer {
             }
             return Ok(());
         }
+        self.header_written();
         let bytes = needed as u64 * geo.block_size as u64;
         self.blocks_since_checkpoint += needed as u64;
         Stats::add(&self.e.stats.cache_writes, 1);
@@ -617,7 +674,7 @@ impl Writer {
                 .note_written(head.segment, head.used, self.e.now_secs());
             let mut slot = first_slot + 1;
             for (r, _) in &batch.recs {
-                st.apply(&r.entry(), slot);
+                st.apply(&r.entry(), slot, &r.block_crcs);
                 slot += r.data_blocks();
             }
             if let Some(h) = st.segs.head.as_mut() {
@@ -677,14 +734,22 @@ impl Writer {
         }
     }
 
+    /// This header (in `self.header`) is on the device: the next one carries a copy of it.
+    fn header_written(&mut self) {
+        self.prev_own.copy_from_slice(&self.header[..OWN_LEN]);
+        self.durable_told = self.durable;
+    }
+
     fn write_seal(&mut self, h: Head) -> io::Result<()> {
         BatchHeader {
             seq_first: self.next_seq,
             epoch: self.epoch,
-            seal: true,
+            kind: HeaderKind::Seal,
+            durable: self.durable,
+            log: self.log_id,
             entries: Vec::new(),
         }
-        .encode(&mut self.header);
+        .encode(&self.prev_own[..], &mut self.header);
         let slot = self.e.geo.first_slot(h.segment) + h.used;
         let result = self
             .e
@@ -692,6 +757,7 @@ impl Writer {
             .write_at(&self.header, self.e.geo.slot_offset(slot), false);
         match &result {
             Ok(()) => {
+                self.header_written();
                 Stats::add(&self.e.stats.cache_writes, 1);
                 Stats::add(&self.e.stats.cache_write_bytes, self.header.len() as u64)
             }
@@ -721,11 +787,60 @@ impl Writer {
         self.log().check_failed()?;
         let result = self.e.cache.flush();
         Stats::add(&self.e.stats.cache_syncs, 1);
-        if let Err(e) = &result {
-            Stats::add(&self.e.stats.cache_errors, 1);
-            self.fail(&format!("cache device sync failed: {e}"));
+        match &result {
+            // Every batch is written before the sync that follows it is issued.
+            Ok(()) => self.durable = self.next_seq,
+            Err(e) => {
+                Stats::add(&self.e.stats.cache_errors, 1);
+                self.fail(&format!("cache device sync failed: {e}"));
+            }
         }
         result
+    }
+
+    /// A sync made records durable that no header on the device vouches for yet.
+    fn note_due(&self) -> bool {
+        self.durable > self.durable_told && !self.log().failed()
+    }
+
+    /// Writes a note at the log head: no records, just how far the log is durable, so that
+    /// recovery can tell damage to the last synced batches (which lose only the damaged records)
+    /// from a crash tearing unsynced ones (where the log simply ends). Under load the next
+    /// batch's header says the same; the note covers the writer going idle. It is not synced,
+    /// and the next batch overwrites it (the log does not move).
+    fn write_note(&mut self) {
+        let head = self.e.state.read().segs.head;
+        let Some(h) = head.filter(|h| h.used < self.e.geo.blocks_per_segment()) else {
+            // No room at the head: the next batch starts a new segment, and says it there.
+            self.durable_told = self.durable;
+            return;
+        };
+        BatchHeader {
+            seq_first: self.next_seq,
+            epoch: self.epoch,
+            kind: HeaderKind::Note,
+            durable: self.durable,
+            log: self.log_id,
+            entries: Vec::new(),
+        }
+        .encode(&self.prev_own[..], &mut self.header);
+        let slot = self.e.geo.first_slot(h.segment) + h.used;
+        match self
+            .e
+            .cache
+            .write_at(&self.header, self.e.geo.slot_offset(slot), false)
+        {
+            Ok(()) => {
+                Stats::add(&self.e.stats.cache_writes, 1);
+                Stats::add(&self.e.stats.cache_write_bytes, self.header.len() as u64);
+            }
+            // Only a hint: a failed note changes nothing (the next batch is written there anyway).
+            Err(e) => {
+                Stats::add(&self.e.stats.cache_errors, 1);
+                tracing::debug!(error = %e, "note write failed");
+            }
+        }
+        self.durable_told = self.durable;
     }
 
     /// Snapshot the index and log position, write them to the next checkpoint slot, and free the
@@ -745,6 +860,7 @@ impl Writer {
                     slot,
                     lba: info.lba,
                     dirty: info.dirty,
+                    crc: st.crcs[slot as usize],
                 })
                 .collect();
             let ckpt = Checkpoint {
@@ -757,6 +873,7 @@ impl Writer {
                 }),
                 free: st.segs.free_order_after_checkpoint(),
                 entries,
+                lost: st.lost.ranges().collect(),
             };
             (ckpt, st.segs.quarantined_count())
         };

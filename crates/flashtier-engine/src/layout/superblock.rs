@@ -246,7 +246,7 @@ mod tests {
     fn decodes_the_version_1_layout() {
         let bytes = sample().encode().unwrap();
         assert_eq!(&bytes[0..8], b"FLASHTR\0");
-        assert_eq!(&bytes[8..12], &1u32.to_le_bytes());
+        assert_eq!(&bytes[8..12], &2u32.to_le_bytes());
         assert_eq!(&bytes[12..16], &1u32.to_le_bytes(), "clean flag");
         assert_eq!(&bytes[16..24], &7u64.to_le_bytes(), "generation");
         assert_eq!(&bytes[40..44], &4096u32.to_le_bytes(), "block size");
@@ -275,11 +275,11 @@ mod tests {
             Superblock::decode(&[0u8; LEN]),
             Err(FormatError::NotACache)
         ));
-        let mut v2 = good;
-        v2[8..12].copy_from_slice(&2u32.to_le_bytes());
+        let mut v3 = good;
+        v3[8..12].copy_from_slice(&3u32.to_le_bytes());
         assert!(matches!(
-            Superblock::decode(&v2),
-            Err(FormatError::UnsupportedVersion(2))
+            Superblock::decode(&v3),
+            Err(FormatError::UnsupportedVersion(3))
         ));
         // Consistent checksum, impossible geometry.
         let mut bad = sample();
@@ -315,13 +315,13 @@ mod tests {
     fn one_copy_of_an_unknown_version_refuses_the_device() {
         let mut newer = sample();
         newer.generation = 8;
-        let mut v2 = newer.encode().unwrap();
-        v2[8] = 2;
-        let v1 = sample().encode().unwrap();
-        for (a, b) in [(&v2, &v1), (&v1, &v2)] {
+        let mut v3 = newer.encode().unwrap();
+        v3[8] = 3;
+        let v2 = sample().encode().unwrap();
+        for (a, b) in [(&v3, &v2), (&v2, &v3)] {
             assert!(matches!(
                 Superblock::choose(a, b),
-                Err(FormatError::UnsupportedVersion(2))
+                Err(FormatError::UnsupportedVersion(3))
             ));
         }
     }
