@@ -626,7 +626,7 @@ fn log_headers(img: &[u8], sb: &Superblock) -> Vec<(BatchHeader, Vec<u8>)> {
                 break 'segments;
             };
             out.push((h.clone(), block.to_vec()));
-            if h.seal {
+            if h.is_seal() {
                 continue 'segments;
             }
             used += 1 + h.data_blocks();
@@ -678,13 +678,13 @@ fn on_device_seeds(root: &Path) -> usize {
     seed("choose-newest-torn", CHOOSE, &[&torn, old], &ok);
     seed("choose-one-copy-blank", CHOOSE, &[old, &vec![0; len]], &ok);
     seed("choose-fix-crc", CHOOSE | FIX_CRC, &[&no_crc, old], &ok);
-    let mut v2 = new.clone();
-    v2[8] = 2;
+    let mut v3 = new.clone();
+    v3[8] = 3;
     seed(
         "choose-unknown-version",
         CHOOSE | FIX_CRC,
-        &[old, &v2],
-        &|e| matches!(e, on_device::Ended::Rejected(m) if m.contains("version 2")),
+        &[old, &v3],
+        &|e| matches!(e, on_device::Ended::Rejected(m) if m.contains("version 3")),
     );
 
     // Checkpoints: the formatted device's (every segment free, no entries) and the newest one
@@ -719,12 +719,13 @@ fn on_device_seeds(root: &Path) -> usize {
                 Kind::Move => "move",
                 Kind::Invalidate => "invalidate",
                 Kind::Cleaned => "cleaned",
+                Kind::Lost => "lost",
             };
             if !kinds.contains(&k) {
                 kinds.push(k);
             }
         }
-        let name = if h.seal {
+        let name = if h.is_seal() {
             "batch-seal".to_string()
         } else {
             format!("batch-{}", kinds.join("-"))
@@ -742,7 +743,7 @@ fn on_device_seeds(root: &Path) -> usize {
     }
     if let Some((_, block)) = headers.iter().max_by_key(|(h, _)| h.entries.len()) {
         let mut no_crc = block[..4096].to_vec();
-        no_crc[4092..].fill(0);
+        no_crc[2044..2048].fill(0);
         seed("batch-fix-crc", BATCH | FIX_CRC, &[&no_crc], &ok);
     }
     w.count

@@ -138,8 +138,11 @@ pub struct Status {
     pub capacity_blocks: u64,
     pub index_bytes: usize,
     pub atomic_write_bytes: u32,
-    /// The cache device failed: the log refuses writes until restarted.
+    /// The cache device failed: the log refuses writes and flushes until it works again (the
+    /// log retries by itself).
     pub failed: bool,
+    /// Why the cache device failed, while `failed`.
+    pub cache_failure: Option<String>,
     /// Why the volume is degraded while the backing store fails (the last backing error, when,
     /// and how many write-back attempts failed in a row); `None` while it works. Dirty data is
     /// kept meanwhile and write-back is retried with backoff.
@@ -296,6 +299,7 @@ impl Cache {
             index_bytes: st.memory_bytes(),
             atomic_write_bytes: self.e.atomic_bytes,
             failed: self.e.log.failed(),
+            cache_failure: self.e.log.failure(),
             backing_degraded: self.e.backing_health.reason(),
             writeback: self.e.writeback_status.lock().clone(),
             lost_blocks: st.lost.blocks(),

@@ -15,6 +15,13 @@
 //! recovery never stops in front of later, successful batches; if even that fails, or a sync
 //! fails, the log enters a failed state and refuses further appends and syncs (a failed
 //! `fdatasync` may have lost data, so pretending otherwise would break the durability contract).
+//!
+//! A failed log recovers without a restart once the device works again (space freed, a path back):
+//! the writer retries with backoff. A retry syncs the device, writes the seal it owes (if any),
+//! reads back every block written since the last good sync and checks it (the failed sync may
+//! have lost some: clean ones are dropped, dirty ones marked lost, never served from a copy that
+//! is not there), and writes a checkpoint, which makes the in-memory index durable and puts the
+//! doubtful stretch of log behind it. Only then are appends and syncs accepted again.
 
 use std::collections::VecDeque;
 use std::io;
@@ -49,6 +56,9 @@ const LINGER_BLOCKS: u32 = 64;
 /// After a sync, the writer waits this long for more work before it writes a note (see
 /// `Writer::write_note`): under load the next batch carries the news anyway.
 const NOTE_DELAY: Duration = Duration::from_millis(10);
+/// A failed log retries after this long, doubling up to `MAX_RETRY`.
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+const MAX_RETRY: Duration = Duration::from_secs(5);
 
 /// A record to append.
 pub struct Record {
@@ -194,6 +204,8 @@ pub struct Log {
     queue: Mutex<Queue>,
     work: Condvar,
     failed: AtomicBool,
+    /// Why the log failed, and since when (while `failed`).
+    failure: Mutex<Option<(String, Instant)>>,
     /// Sequence number of the last record applied (0: none yet).
     pub applied_seq: AtomicU64,
     /// Promotion data queued but not yet written, to bound memory.
@@ -224,7 +236,8 @@ impl Log {
     fn check_failed(&self) -> io::Result<()> {
         if self.failed.load(Ordering::Acquire) {
             return Err(io::Error::other(
-                "the cache device failed earlier; the cache refuses writes until restarted",
+                "the cache device failed; the cache refuses writes and flushes until it works \
+                 again (retrying)",
             ));
         }
         Ok(())
@@ -232,6 +245,19 @@ impl Log {
 
     pub fn failed(&self) -> bool {
         self.failed.load(Ordering::Acquire)
+    }
+
+    /// Why the log failed and how long ago, while it is failed.
+    pub fn failure(&self) -> Option<String> {
+        if !self.failed() {
+            return None;
+        }
+        let f = self.failure.lock().clone()?;
+        Some(format!(
+            "{} ({:.1} s ago; retrying, writes resume once the device works again)",
+            f.0,
+            f.1.elapsed().as_secs_f64()
+        ))
     }
 
     /// Appends a record and waits until it is written and applied.
@@ -307,6 +333,13 @@ pub struct Writer {
     prev_own: Box<[u8; OWN_LEN]>,
     /// This cache's log id, in every header.
     log_id: u64,
+    /// Data slots written since the last good sync, as `(first slot, count)`: after a failed
+    /// sync, these are what must be read back and checked before the log goes on.
+    unsynced: Vec<(u32, u32)>,
+    /// A seal the log owes: a failed batch lies at this head, and sealing over it failed too.
+    owed_seal: Option<Head>,
+    /// How long to wait before the next retry while failed.
+    retry: Duration,
     last_checkpoint: Instant,
     checkpointed_seq: u64,
     /// Log blocks written since the last checkpoint: replay reads at most this much.
@@ -359,6 +392,9 @@ impl Writer {
             durable_told: start.next_seq,
             prev_own: start.last_header.clone(),
             log_id: start.log_id,
+            unsynced: Vec::new(),
+            owed_seal: None,
+            retry: FIRST_RETRY,
             last_checkpoint: Instant::now(),
             // What recovery replayed is still behind the last checkpoint.
             checkpointed_seq: if start.replayed_blocks > 0 {
@@ -409,6 +445,15 @@ impl Writer {
                         q.system.push_back(Op::Checkpoint(None));
                         break;
                     }
+                    if log.failed() && !q.stop {
+                        if log.work.wait_for(&mut q, self.retry).timed_out()
+                            && q.system.is_empty()
+                            && q.client.is_empty()
+                        {
+                            break;
+                        }
+                        continue;
+                    }
                     if self.note_due() {
                         if log.work.wait_for(&mut q, NOTE_DELAY).timed_out()
                             && q.system.is_empty()
@@ -425,7 +470,7 @@ impl Writer {
                     && q.client.is_empty()
                     && !q.stop
                     && (self.client_blocked || self.client_pending.is_empty());
-                if idle && self.note_due() {
+                if idle && (self.note_due() || log.failed()) {
                     None
                 } else {
                     if !q.stop && only_unawaited(&q, &self.client_pending) {
@@ -442,7 +487,11 @@ impl Writer {
                 }
             };
             let Some((system, stop)) = round else {
-                self.write_note();
+                if self.log().failed() {
+                    self.try_recover();
+                } else {
+                    self.write_note();
+                }
                 continue;
             };
             let mut wants_sync = Vec::new();
@@ -662,6 +711,9 @@ impl Writer {
             return Ok(());
         }
         self.header_written();
+        if batch.data_blocks > 0 {
+            self.unsynced.push((first_slot + 1, batch.data_blocks));
+        }
         let bytes = needed as u64 * geo.block_size as u64;
         self.blocks_since_checkpoint += needed as u64;
         Stats::add(&self.e.stats.cache_writes, 1);
@@ -774,13 +826,81 @@ impl Writer {
     fn abandon_segment_after_failure(&mut self, head: Head) {
         if self.write_seal(head).is_ok() {
             self.e.state.write().segs.seal_head();
+        } else {
+            self.owed_seal = Some(head);
         }
     }
 
     fn fail(&self, why: &str) {
-        if !self.log().failed.swap(true, Ordering::AcqRel) {
-            tracing::error!("cache log failed: {why}; writes and flushes now fail with EIO");
+        let log = self.log();
+        *log.failure.lock() = Some((why.to_string(), Instant::now()));
+        if !log.failed.swap(true, Ordering::AcqRel) {
+            tracing::error!(
+                "cache log failed: {why}; writes and flushes fail with EIO until the device works \
+                 again"
+            );
         }
+    }
+
+    /// Tries to bring a failed log back (see the module documentation); on failure the log
+    /// stays failed and the next try comes after a longer wait.
+    fn try_recover(&mut self) {
+        // Appends queue up meanwhile and are handled after this (failed again if it fails).
+        self.log().failed.store(false, Ordering::Release);
+        match self.recover_log() {
+            Ok(()) => {
+                self.retry = FIRST_RETRY;
+                *self.log().failure.lock() = None;
+                Stats::add(&self.e.stats.log_recoveries, 1);
+                tracing::warn!("the cache device works again: the cache log resumed");
+            }
+            Err(e) => {
+                self.fail(&format!("cache device still failing: {e}"));
+                self.retry = (self.retry * 2).min(MAX_RETRY);
+            }
+        }
+    }
+
+    fn recover_log(&mut self) -> io::Result<()> {
+        self.e.cache.flush()?;
+        if let Some(head) = self.owed_seal {
+            self.write_seal(head)?;
+            self.e.state.write().segs.seal_head();
+            self.owed_seal = None;
+        }
+        // What the failed sync may have lost: read it back now that a sync worked.
+        for (first, count) in std::mem::take(&mut self.unsynced) {
+            self.check_written(first, count)?;
+        }
+        self.write_checkpoint_now()
+    }
+
+    /// Reads back `count` slots from `first` (one segment's) and checks every block still
+    /// mapped there against its checksum; what fails is handled like any damaged block.
+    fn check_written(&mut self, first: u32, count: u32) -> io::Result<()> {
+        let e = &self.e;
+        let bs = e.geo.block_size as usize;
+        let seg = e.geo.segment_of(first);
+        let expected: Vec<Option<(u64, u32)>> = {
+            let st = e.state.read();
+            st.segs.reader_enter(seg);
+            (first..first + count)
+                .map(|s| st.index.slot(s).map(|i| (i.lba, st.crcs[s as usize])))
+                .collect()
+        };
+        let mut data = AlignedBuf::zeroed(count as usize * bs);
+        let read = e.cache.read_at(&mut data, e.geo.slot_offset(first));
+        if read.is_ok() {
+            for (i, (block, want)) in data.chunks_mut(bs).zip(expected).enumerate() {
+                if let Some((lba, crc)) = want {
+                    if !crate::integrity::intact(block, crc) {
+                        crate::integrity::bad_block(e, lba, first + i as u32, crc, block);
+                    }
+                }
+            }
+        }
+        e.state.read().segs.reader_exit(seg);
+        read
     }
 
     fn sync_device(&mut self) -> io::Result<()> {
@@ -789,7 +909,10 @@ impl Writer {
         Stats::add(&self.e.stats.cache_syncs, 1);
         match &result {
             // Every batch is written before the sync that follows it is issued.
-            Ok(()) => self.durable = self.next_seq,
+            Ok(()) => {
+                self.durable = self.next_seq;
+                self.unsynced.clear();
+            }
             Err(e) => {
                 Stats::add(&self.e.stats.cache_errors, 1);
                 self.fail(&format!("cache device sync failed: {e}"));
@@ -847,6 +970,10 @@ impl Writer {
     /// segments that were waiting for a checkpoint.
     fn write_checkpoint(&mut self) -> io::Result<()> {
         self.log().check_failed()?;
+        self.write_checkpoint_now()
+    }
+
+    fn write_checkpoint_now(&mut self) -> io::Result<()> {
         // The snapshot may only reference records that are durable.
         self.sync_device()?;
         let geo = self.e.geo;

@@ -117,6 +117,8 @@ counters! {
     lost_reads,
     /// Cached blocks the scrub read and checked.
     scrubbed_blocks,
+    /// Times the cache log came back after the cache device failed, without a restart.
+    log_recoveries,
 }
 
 impl Stats {

@@ -606,3 +606,117 @@ fn a_failed_write_through_write_is_not_kept() {
     );
     c.close().unwrap();
 }
+
+fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// A cache device that stops taking writes (full, or gone for a while) fails the cache's writes
+/// and flushes, and the cache comes back by itself once the device works again: no restart.
+#[test]
+fn a_failed_cache_device_recovers_without_a_restart() {
+    let inner = Arc::new(MemDev::new(CACHE));
+    let cdev = Arc::new(FaultDev::new(inner.clone() as Arc<dyn BlockDev>));
+    let bdev = Arc::new(MemDev::new(BACKING as usize));
+    format_cache(
+        &*cdev,
+        BACKING,
+        4 << 20,
+        Mode::WriteBack,
+        Default::default(),
+    )
+    .unwrap();
+    let c = open(cdev.clone(), bdev.clone(), None).unwrap();
+    for i in 0..8 {
+        c.write_at(&block(i), i * BS, false).unwrap();
+    }
+    c.flush().unwrap();
+
+    // The device refuses every write: the cache fails, reads of what it holds still work.
+    cdev.add(flashtier_io::Fault::FailWritesFrom(cdev.writes_seen() + 1));
+    assert!(c.write_at(&block(100), 100 * BS, false).is_err());
+    assert!(c.status().failed);
+    assert!(c.status().cache_failure.is_some());
+    assert!(c.flush().is_err(), "a flush must not claim durability");
+    assert!(read_block(&c, 3).unwrap() == block(3));
+    std::thread::sleep(std::time::Duration::from_millis(300)); // retries fail meanwhile
+    assert!(c.status().failed);
+
+    // The device works again: the cache resumes by itself.
+    cdev.clear();
+    wait_until("the cache to recover", || !c.status().failed);
+    assert_eq!(c.stats().log_recoveries, 1);
+    c.write_at(&block(100), 100 * BS, false).unwrap();
+    c.flush().unwrap();
+    for i in (0..8).chain([100]) {
+        assert!(read_block(&c, i).unwrap() == block(i), "block {i}");
+    }
+    assert_eq!(c.status().lost_blocks, 0);
+    drop(c);
+    let c = open(cdev.clone(), bdev.clone(), None).unwrap();
+    for i in (0..8).chain([100]) {
+        assert!(
+            read_block(&c, i).unwrap() == block(i),
+            "block {i} after a crash"
+        );
+    }
+    c.close().unwrap();
+}
+
+/// A failed sync may have lost what was written since the last good one: once the device syncs
+/// again, those blocks are read back and checked; one that did not survive is reported lost
+/// instead of being served from a copy that is not there.
+#[test]
+fn blocks_a_failed_sync_lost_are_found_before_the_log_goes_on() {
+    let inner = Arc::new(MemDev::new(CACHE));
+    let cdev = Arc::new(FaultDev::new(inner.clone() as Arc<dyn BlockDev>));
+    let bdev = Arc::new(MemDev::new(BACKING as usize));
+    format_cache(
+        &*cdev,
+        BACKING,
+        4 << 20,
+        Mode::WriteBack,
+        Default::default(),
+    )
+    .unwrap();
+    let c = open(cdev.clone(), bdev.clone(), None).unwrap();
+    c.set_param("writeback_controller", "off").unwrap();
+    c.write_at(&block(1), BS, false).unwrap();
+    c.flush().unwrap();
+    c.write_at(&block(2), 2 * BS, false).unwrap();
+    c.write_at(&block(3), 3 * BS, false).unwrap();
+    // The sync fails and keeps failing while block 3 "is lost" by the device.
+    cdev.add(flashtier_io::Fault::FailFlushesFrom(
+        cdev.flushes_seen() + 1,
+    ));
+    assert!(c.flush().is_err());
+    assert!(c.status().failed);
+    let (_, data) = find_record(&inner, 3);
+    inner
+        .write_at(&vec![0xee; BS as usize], data, false)
+        .unwrap();
+    cdev.clear();
+    wait_until("the cache to recover", || !c.status().failed);
+    assert!(read_block(&c, 1).unwrap() == block(1));
+    assert!(read_block(&c, 2).unwrap() == block(2));
+    assert!(
+        read_block(&c, 3).is_err(),
+        "block 3 did not survive the failed sync"
+    );
+    assert_eq!(c.lost_ranges(), vec![(3, 1)]);
+    c.close().unwrap();
+    let c = open(cdev, bdev, None).unwrap();
+    assert_eq!(
+        c.lost_ranges(),
+        vec![(3, 1)],
+        "the checkpoint after the recovery kept it"
+    );
+    c.close().unwrap();
+}
