@@ -472,7 +472,6 @@ impl Cache {
         }
         let mut result = Ok(());
         let mut hits = 0u64;
-        let mut crcs = crcs.into_iter();
         for (at, run) in &runs {
             let (start, n) = (
                 *at as usize * bs,
@@ -483,6 +482,7 @@ impl Cache {
             let buf = &mut out[start..start + n * bs];
             let r = match run {
                 Run::Hit { slot, .. } => {
+                    let crcs = &crcs[hits as usize..hits as usize + n];
                     hits += n as u64;
                     let r = e.cache.read_at(buf, e.geo.slot_offset(*slot));
                     if r.is_err() {
@@ -490,8 +490,7 @@ impl Cache {
                     }
                     Stats::add(&e.stats.cache_reads, 1);
                     Stats::add(&e.stats.cache_read_bytes, buf.len() as u64);
-                    let crcs: Vec<u32> = crcs.by_ref().take(n).collect();
-                    r.and_then(|()| self.check_hits(first + at, *slot, &crcs, buf, promote))
+                    r.and_then(|()| self.check_hits(first + at, *slot, crcs, buf, promote))
                 }
                 Run::Miss { .. } => self.read_miss(first + at, n as u64, buf, promote),
             };
