@@ -12,7 +12,7 @@ use std::sync::Arc;
 use flashtier_engine::layout::batch::{BatchHeader, Kind};
 use flashtier_engine::layout::checkpoint::{self, Checkpoint};
 use flashtier_engine::layout::superblock;
-use flashtier_engine::{BackingIdentity, Cache, FormatOptions, Superblock};
+use flashtier_engine::{BackingIdentity, Cache, FormatOptions, IdentityField, Superblock};
 use flashtier_fuzz::client::{client_flags, info_payload, meta_payload, option, request, write};
 use flashtier_fuzz::handshake::{self, Ended};
 use flashtier_fuzz::on_device::{self, BATCH, CHECKPOINT, CHOOSE, FIX_CRC, SUPERBLOCK};
@@ -554,6 +554,13 @@ fn real_cache_image() -> Image {
     let ident = BackingIdentity {
         size: BACKING_SIZE as u64,
         name: "/dev/disk/by-id/fuzz-backing".into(),
+        // Fields for the fuzzer to mutate, as a disk with a WWN would have them.
+        fingerprint: vec![
+            IdentityField::required("kind", "block"),
+            IdentityField::required("wwid", "naa.5000c500a1b2c3d4"),
+            IdentityField::info("path", "/dev/sdb"),
+            IdentityField::info("devno", "8:16"),
+        ],
     };
     let opts = FormatOptions {
         segment_size: 1 << 20,
@@ -678,13 +685,13 @@ fn on_device_seeds(root: &Path) -> usize {
     seed("choose-newest-torn", CHOOSE, &[&torn, old], &ok);
     seed("choose-one-copy-blank", CHOOSE, &[old, &vec![0; len]], &ok);
     seed("choose-fix-crc", CHOOSE | FIX_CRC, &[&no_crc, old], &ok);
-    let mut v2 = new.clone();
-    v2[8] = 2;
+    let mut newer = new.clone();
+    newer[8] = 3;
     seed(
         "choose-unknown-version",
         CHOOSE | FIX_CRC,
-        &[old, &v2],
-        &|e| matches!(e, on_device::Ended::Rejected(m) if m.contains("version 2")),
+        &[old, &newer],
+        &|e| matches!(e, on_device::Ended::Rejected(m) if m.contains("version 3")),
     );
 
     // Checkpoints: the formatted device's (every segment free, no entries) and the newest one

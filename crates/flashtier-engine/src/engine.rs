@@ -268,19 +268,17 @@ pub(crate) fn open_engine(
     mode: Option<Mode>,
 ) -> Result<(Arc<Engine>, LogStart, OpenReport), EngineError> {
     let sb = recover::read_superblock(&*cache)?;
-    if sb.backing != *identity {
+    // The device itself has the last word on its size.
+    let real = BackingIdentity {
+        size: backing.info().size,
+        ..identity.clone()
+    };
+    let check = sb.backing.check(&real);
+    if !check.mismatches.is_empty() {
         return Err(EngineError::WrongBacking {
             expected: sb.backing.clone(),
-            found: identity.clone(),
-        });
-    }
-    if backing.info().size != sb.backing.size {
-        return Err(EngineError::WrongBacking {
-            expected: sb.backing.clone(),
-            found: BackingIdentity {
-                size: backing.info().size,
-                name: identity.name.clone(),
-            },
+            found: real,
+            mismatches: check.mismatches,
         });
     }
     if cache.info().read_only {
@@ -299,6 +297,14 @@ pub(crate) fn open_engine(
             .map_err(EngineError::CacheIo)?;
     }
     let mut new_sb = sb.clone();
+    if !check.changes.is_empty() {
+        let changes: Vec<String> = check.changes.iter().map(ToString::to_string).collect();
+        tracing::warn!(
+            "the backing store changed in ways that leave it the same store: {} (recorded)",
+            changes.join("; ")
+        );
+        new_sb.backing = real;
+    }
     new_sb.generation += 1;
     new_sb.epoch = sb.epoch.max(recovered.epoch) + 1;
     new_sb.clean_shutdown = false;

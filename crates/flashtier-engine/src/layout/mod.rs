@@ -22,7 +22,7 @@ pub mod superblock;
 use crate::FormatError;
 
 /// The format this code writes and the only one it reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Size of a superblock copy and the unit of metadata alignment.
 pub const META_BLOCK: u64 = 4096;
