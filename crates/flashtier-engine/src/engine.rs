@@ -276,8 +276,8 @@ pub(crate) fn open_engine(
     let check = sb.backing.check(&real);
     if !check.mismatches.is_empty() {
         return Err(EngineError::WrongBacking {
-            expected: sb.backing.clone(),
-            found: real,
+            expected: Box::new(sb.backing.clone()),
+            found: Box::new(real),
             mismatches: check.mismatches,
         });
     }

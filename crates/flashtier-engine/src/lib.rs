@@ -90,8 +90,8 @@ pub enum EngineError {
         mismatches.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
     )]
     WrongBacking {
-        expected: BackingIdentity,
-        found: BackingIdentity,
+        expected: Box<BackingIdentity>,
+        found: Box<BackingIdentity>,
         /// Each required fact that differs, expected vs found.
         mismatches: Vec<FieldDiff>,
     },
