@@ -83,8 +83,8 @@ pub fn refuse_backing_as_cache(cache: &str, backing: &str) -> anyhow::Result<()>
         .with_context(|| format!("cannot tell whether {cache} overlaps {backing}"))?
     {
         anyhow::bail!(
-            "{cache} is the backing store {backing} (or shares its storage): making it the cache \
-             would destroy the backing store's data"
+            "{cache} is the backing store itself ({backing}), or shares its storage: making it \
+             the cache would destroy the backing store's data"
         );
     }
     Ok(())

@@ -37,27 +37,28 @@ fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// `flashtier serve` that must refuse: returns its stderr; no socket was left behind.
+/// `flashtier serve` that must refuse: returns its stderr; no socket was left behind. A serve
+/// still running after 20 s accepted what it should have refused: killed, and the test fails.
 fn refused_serve(dir: &Path, cache: &Path, backing: &str, extra: &[&str]) -> String {
     let socket = dir.join("refused.sock");
-    let mut args = vec![
-        "serve",
-        "--cache",
-        path_str(cache),
-        "--backing",
-        backing,
-        "--listen",
-        path_str(&socket),
-    ];
-    args.extend_from_slice(extra);
-    let out = flashtier(&args);
+    let log = dir.join("refused.log");
+    let mut child = Command::new(BIN)
+        .args(["serve", "--cache", path_str(cache), "--backing", backing])
+        .args(["--listen", path_str(&socket)])
+        .args(extra)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let status = wait_or_kill(&mut child, std::time::Duration::from_secs(20));
+    let err = std::fs::read_to_string(&log).unwrap_or_default();
     assert!(
-        !out.status.success(),
-        "serve {extra:?} accepted what it should refuse:\n{}",
-        text(&out)
+        status.is_some_and(|s| !s.success()),
+        "serve {extra:?} accepted what it should refuse ({status:?}):\n{err}"
     );
     assert!(!socket.exists(), "a refused serve left a socket behind");
-    stderr(&out)
+    err
 }
 
 /// A server with its own control socket and stats file (parallel tests must not share them),
@@ -402,7 +403,11 @@ fn format_never_formats_the_backing_store_itself() {
         (&lo_path, path_str(&b)),
         (&b, lo.0.as_str()),
     ] {
-        for force in [&[][..], &["--force"][..]] {
+        // Segments small enough that the backing file would fit a cache.
+        for force in [
+            &["--segment-size", "1M"][..],
+            &["--segment-size", "1M", "--force"],
+        ] {
             let out = format(cache, backing, force);
             let err = stderr(&out);
             assert!(
