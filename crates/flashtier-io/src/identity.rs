@@ -178,11 +178,12 @@ fn block_fields(path: &Path, rdev: u64) -> Vec<IdentityField> {
     };
     let mut strong = false;
     if let Some(disk) = &disk {
-        for (key, candidates) in [
-            ("wwid", ["wwid", "device/wwid"]),
-            ("serial", ["serial", "device/serial"]),
-            ("dm_uuid", ["dm/uuid", "dm/uuid"]),
-        ] {
+        let sources: [(&str, &[&str]); 3] = [
+            ("wwid", &["wwid", "device/wwid"]),
+            ("serial", &["serial", "device/serial"]),
+            ("dm_uuid", &["dm/uuid"]),
+        ];
+        for (key, candidates) in sources {
             if let Some(v) = candidates.iter().find_map(|c| sysfs_read(disk.join(c))) {
                 fields.push(IdentityField::required(key, v));
                 strong = true;
