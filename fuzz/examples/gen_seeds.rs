@@ -12,7 +12,7 @@ use std::sync::Arc;
 use flashtier_engine::layout::batch::{BatchHeader, Kind};
 use flashtier_engine::layout::checkpoint::{self, Checkpoint};
 use flashtier_engine::layout::superblock;
-use flashtier_engine::{BackingIdentity, Cache, FormatOptions, Superblock};
+use flashtier_engine::{BackingIdentity, Cache, FormatOptions, IdentityField, Superblock};
 use flashtier_fuzz::client::{client_flags, info_payload, meta_payload, option, request, write};
 use flashtier_fuzz::handshake::{self, Ended};
 use flashtier_fuzz::on_device::{self, BATCH, CHECKPOINT, CHOOSE, FIX_CRC, SUPERBLOCK};
@@ -63,10 +63,11 @@ impl Writer {
         fs::create_dir_all(&dir).unwrap();
         for entry in fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
+            // Regression inputs (`seed-regress-*`, kept from crashes) are not generated here.
             let stale = path
                 .file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("seed-"));
+                .is_some_and(|n| n.starts_with("seed-") && !n.starts_with("seed-regress-"));
             if stale {
                 fs::remove_file(path).unwrap();
             }
@@ -554,6 +555,13 @@ fn real_cache_image() -> Image {
     let ident = BackingIdentity {
         size: BACKING_SIZE as u64,
         name: "/dev/disk/by-id/fuzz-backing".into(),
+        // Fields for the fuzzer to mutate, as a disk with a WWN would have them.
+        fingerprint: vec![
+            IdentityField::required("kind", "block"),
+            IdentityField::required("wwid", "naa.5000c500a1b2c3d4"),
+            IdentityField::info("path", "/dev/sdb"),
+            IdentityField::info("devno", "8:16"),
+        ],
     };
     let opts = FormatOptions {
         segment_size: 1 << 20,
@@ -678,12 +686,12 @@ fn on_device_seeds(root: &Path) -> usize {
     seed("choose-newest-torn", CHOOSE, &[&torn, old], &ok);
     seed("choose-one-copy-blank", CHOOSE, &[old, &vec![0; len]], &ok);
     seed("choose-fix-crc", CHOOSE | FIX_CRC, &[&no_crc, old], &ok);
-    let mut v3 = new.clone();
-    v3[8] = 3;
+    let mut newer = new.clone();
+    newer[8] = 3;
     seed(
         "choose-unknown-version",
         CHOOSE | FIX_CRC,
-        &[old, &v3],
+        &[old, &newer],
         &|e| matches!(e, on_device::Ended::Rejected(m) if m.contains("version 3")),
     );
 

@@ -101,6 +101,8 @@ fn rejected(e: impl std::fmt::Display) -> Ended {
 // ---- superblock ----
 
 const SB_CRC_AT: usize = superblock::LEN - 4;
+/// Where the backing fingerprint starts (superblock.rs).
+const FINGERPRINT_AT: usize = 1152;
 
 fn superblock_one(b: &[u8], fix: bool) -> Ended {
     let mut b = b.to_vec();
@@ -136,6 +138,19 @@ fn check_superblock(b: &[u8], sb: &Superblock) {
         sb.device_size
     );
     assert!(sb.backing.name.len() <= 1024);
+    let fp = &sb.backing.fingerprint;
+    assert!(fp.len() <= 64, "decode accepted {} fingerprint fields", fp.len());
+    for (i, f) in fp.iter().enumerate() {
+        assert!(
+            (1..=32).contains(&f.key.len())
+                && f.key
+                    .bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_')
+                && f.value.len() <= 1024
+                && !fp[..i].iter().any(|g| g.key == f.key),
+            "decode accepted a bad fingerprint field {f:?}"
+        );
+    }
 
     let again = sb.encode().expect("a decoded superblock encodes");
     assert_eq!(
@@ -150,7 +165,12 @@ fn check_superblock(b: &[u8], sb: &Superblock) {
     want[52..56].fill(0);
     want[114..120].fill(0);
     let id_len = le16(&want, 120) as usize;
-    want[122 + id_len..SB_CRC_AT].fill(0);
+    want[122 + id_len..FINGERPRINT_AT].fill(0);
+    let mut end = FINGERPRINT_AT + 2;
+    for _ in 0..le16(&want, FINGERPRINT_AT) {
+        end += 4 + want[end + 1] as usize + le16(&want, end + 2) as usize;
+    }
+    want[end..SB_CRC_AT].fill(0);
     seal_crc(&mut want, SB_CRC_AT);
     assert!(
         again[..] == want[..],

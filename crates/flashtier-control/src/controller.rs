@@ -954,6 +954,7 @@ pub(crate) mod tests {
         let ident = BackingIdentity {
             size: 8 << 20,
             name: "test-backing".into(),
+            fingerprint: Vec::new(),
         };
         let opts = FormatOptions {
             segment_size: 1 << 20,
@@ -996,6 +997,7 @@ pub(crate) mod tests {
         let ident = BackingIdentity {
             size: 8 << 20,
             name: "test-backing".into(),
+            fingerprint: Vec::new(),
         };
         let dev: Arc<dyn BlockDev> = Arc::new(MemDev::new(16 << 20));
         let opts = FormatOptions {
@@ -1201,6 +1203,7 @@ pub(crate) mod tests {
         let ident = BackingIdentity {
             size: 8 << 20,
             name: "another-backing".into(),
+            fingerprint: Vec::new(),
         };
         let opts = FormatOptions {
             segment_size: 1 << 20,

@@ -282,19 +282,17 @@ pub(crate) fn open_engine(
     mode: Option<Mode>,
 ) -> Result<(Arc<Engine>, LogStart, OpenReport), EngineError> {
     let (sb, sb_damage) = recover::read_superblock_checked(&*cache)?;
-    if sb.backing != *identity {
+    // The device itself has the last word on its size.
+    let real = BackingIdentity {
+        size: backing.info().size,
+        ..identity.clone()
+    };
+    let check = sb.backing.check(&real);
+    if !check.mismatches.is_empty() {
         return Err(EngineError::WrongBacking {
-            expected: sb.backing.clone(),
-            found: identity.clone(),
-        });
-    }
-    if backing.info().size != sb.backing.size {
-        return Err(EngineError::WrongBacking {
-            expected: sb.backing.clone(),
-            found: BackingIdentity {
-                size: backing.info().size,
-                name: identity.name.clone(),
-            },
+            expected: Box::new(sb.backing.clone()),
+            found: Box::new(real),
+            mismatches: check.mismatches,
         });
     }
     if cache.info().read_only {
@@ -324,6 +322,14 @@ pub(crate) fn open_engine(
             .map_err(EngineError::CacheIo)?;
     }
     let mut new_sb = sb.clone();
+    if !check.changes.is_empty() {
+        let changes: Vec<String> = check.changes.iter().map(ToString::to_string).collect();
+        tracing::warn!(
+            "the backing store changed in ways that leave it the same store: {} (recorded)",
+            changes.join("; ")
+        );
+        new_sb.backing = real;
+    }
     new_sb.generation += 1;
     // A damaged superblock copy may have been the newer one, whose epoch (one more than the
     // other's, at most) some batches may carry: never reuse it.

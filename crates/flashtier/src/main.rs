@@ -1,5 +1,6 @@
 //! The `flashtier` command.
 
+mod adopt;
 mod backing;
 mod config_cmd;
 mod ctl;

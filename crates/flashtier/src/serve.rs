@@ -116,6 +116,23 @@ pub struct ServeArgs {
     /// allowed values: `flashtier get --all`, or `flashtier set --help`. Needs a cache.
     #[arg(long = "set", value_name = "PARAM=VALUE", value_parser = parse_param_setting)]
     pub set: Vec<(String, String)>,
+
+    /// The backing store was replaced on purpose (a new disk, a restored or copied image): use
+    /// the cache for it although it was formatted for another one. The cache starts empty
+    /// (what it held belongs to the old store). Refused while it holds the old store's dirty
+    /// data, unless --discard-dirty. Command line only, never from the config file.
+    #[arg(long)]
+    pub accept_new_backing: bool,
+
+    /// With --accept-new-backing: drop the old backing store's dirty data (writes it never
+    /// received are LOST). Asks you to type `discard`; without a terminal it needs
+    /// --yes-discard-dirty-data.
+    #[arg(long, requires = "accept_new_backing")]
+    pub discard_dirty: bool,
+
+    /// Confirm --discard-dirty without the interactive question (for scripts).
+    #[arg(long, requires = "discard_dirty")]
+    pub yes_discard_dirty_data: bool,
 }
 
 fn parse_param_setting(s: &str) -> Result<(String, String), String> {
@@ -154,6 +171,8 @@ struct Settings {
     /// Live parameters to apply at open: the config file's [policy], then `--set` (which wins).
     policy: Vec<(String, String)>,
     config: Option<Config>,
+    /// `--accept-new-backing` and how to treat dirty data then.
+    adopt: Option<crate::adopt::AdoptOptions>,
 }
 
 impl Settings {
@@ -172,6 +191,17 @@ impl Settings {
         if !args.set.is_empty() && cache.is_none() {
             anyhow::bail!("--set needs a cache (--cache, or `cache` in the config file)");
         }
+        if args.accept_new_backing && cache.is_none() {
+            anyhow::bail!(
+                "--accept-new-backing needs a cache (--cache, or `cache` in the config file)"
+            );
+        }
+        let adopt = args
+            .accept_new_backing
+            .then_some(crate::adopt::AdoptOptions {
+                discard_dirty: args.discard_dirty,
+                yes_discard_dirty_data: args.yes_discard_dirty_data,
+            });
         let mut policy = config
             .as_ref()
             .map(|c| c.policy.clone())
@@ -213,6 +243,7 @@ impl Settings {
             endurance_tbw: args.endurance_tbw.or(file.endurance_tbw),
             policy,
             config,
+            adopt,
         })
     }
 }
@@ -255,7 +286,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Every request the clients make is timed, cache or pass-through.
     let timed = Arc::new(Timed::new(export.clone()));
     let identity = backing_identity(&args.backing, backing.info().size)?;
-    let backing_name = identity.name.clone();
+    let backing_spec = args.backing.clone();
     let controller = Arc::new(Controller::new(ControllerOptions {
         dev: timed.clone(),
         cache: cache.clone(),
@@ -272,7 +303,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             backing,
             identity,
             open_device: Box::new(move |path: &str| {
-                open_attached_device(path, &backing_name).map_err(|e| format!("{e:#}").into())
+                open_attached_device(path, &backing_spec).map_err(|e| format!("{e:#}").into())
             }),
             policy: args.policy.clone(),
             mode: args.mode,
@@ -420,6 +451,9 @@ fn open_cache(
     }
     let identity = backing_identity(&args.backing, backing.info().size)?;
     let dev = open_cache_device(path)?;
+    if let Some(opts) = &args.adopt {
+        crate::adopt::adopt_new_backing(&*dev, path, &identity, opts)?;
+    }
     let cache = Cache::open(dev, backing, &identity, args.mode)
         .with_context(|| format!("cannot use cache {path}"))?;
     let r = cache.report();
@@ -450,11 +484,9 @@ fn open_cache(
 }
 
 /// Opens `flashtier attach --cache PATH` as `--cache` is opened, refusing the backing store
-/// itself (`backing_name`: its canonical path), which the format that follows would destroy.
-fn open_attached_device(path: &str, backing_name: &str) -> anyhow::Result<Arc<dyn BlockDev>> {
-    if std::fs::canonicalize(path).is_ok_and(|p| p.to_string_lossy() == backing_name) {
-        anyhow::bail!("{path} is the backing store itself");
-    }
+/// itself (or anything sharing its storage), which the format that follows would destroy.
+fn open_attached_device(path: &str, backing: &str) -> anyhow::Result<Arc<dyn BlockDev>> {
+    crate::backing::refuse_backing_as_cache(path, backing)?;
     open_cache_device(path)
 }
 

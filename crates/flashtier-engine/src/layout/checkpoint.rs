@@ -326,10 +326,10 @@ mod tests {
         assert!(Checkpoint::decode_body(&header, &b[HEADER_LEN..]).is_err());
         assert!(Checkpoint::decode_body(&header, &b[HEADER_LEN..HEADER_LEN + 8]).is_err());
         let mut v = bytes;
-        v[8] = 1;
+        v[8] = 3;
         assert!(matches!(
             Checkpoint::decode_header(&v),
-            Err(FormatError::UnsupportedVersion(1))
+            Err(FormatError::UnsupportedVersion(3))
         ));
     }
 }
