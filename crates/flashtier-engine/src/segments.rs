@@ -166,13 +166,7 @@ impl Segments {
     pub fn open_next(&mut self, first_seq: u64) -> Option<u32> {
         let seg = self.free.pop_front()?;
         debug_assert_eq!(self.state[seg as usize], SegState::Free);
-        self.state[seg as usize] = SegState::Open;
-        self.opened_seq[seg as usize] = first_seq;
-        self.written[seg as usize] = Vec::new();
-        self.head = Some(Head {
-            segment: seg,
-            used: 0,
-        });
+        self.open(seg, first_seq);
         Some(seg)
     }
 
@@ -184,6 +178,10 @@ impl Segments {
             self.free.remove(at);
         }
         self.quarantine.retain(|&s| s != seg);
+        self.open(seg, first_seq);
+    }
+
+    fn open(&mut self, seg: u32, first_seq: u64) {
         self.state[seg as usize] = SegState::Open;
         self.opened_seq[seg as usize] = first_seq;
         self.written[seg as usize] = Vec::new();

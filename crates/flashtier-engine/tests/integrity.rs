@@ -25,6 +25,33 @@ fn devices() -> (Arc<MemDev>, Arc<MemDev>) {
     )
 }
 
+/// [`devices`], the cache formatted (4 MiB segments, write-back).
+fn formatted() -> (Arc<MemDev>, Arc<MemDev>) {
+    let (cdev, bdev) = devices();
+    format_cache(
+        &*cdev,
+        BACKING,
+        4 << 20,
+        Mode::WriteBack,
+        Default::default(),
+    )
+    .unwrap();
+    (cdev, bdev)
+}
+
+/// A cache that took `n` writes (block i holds `block(i)`), each flushed, then crashed (no
+/// final checkpoint).
+fn flushed_writes_then_crash(n: u64) -> (Arc<MemDev>, Arc<MemDev>) {
+    let (cdev, bdev) = formatted();
+    let c = open_default(&cdev, &bdev);
+    for i in 0..n {
+        c.write_at(&block(i), i * BS, false).unwrap();
+        c.flush().unwrap();
+    }
+    drop(c);
+    (cdev, bdev)
+}
+
 fn open_default(cache: &Arc<MemDev>, backing: &Arc<MemDev>) -> Cache {
     let c = open(cache.clone(), backing.clone(), None).unwrap();
     // Nothing is written back behind the test's back: the damage stays where it was put.
@@ -79,15 +106,7 @@ fn read_block(c: &Cache, i: u64) -> std::io::Result<Vec<u8>> {
 /// Before: recovery stopped there and 191 flushed writes were gone, health ok.
 #[test]
 fn a_damaged_record_mid_log_loses_only_its_blocks() {
-    let (cdev, bdev) = devices();
-    format_cache(
-        &*cdev,
-        BACKING,
-        4 << 20,
-        Mode::WriteBack,
-        Default::default(),
-    )
-    .unwrap();
+    let (cdev, bdev) = formatted();
     let c = open_default(&cdev, &bdev);
     for i in 0..200 {
         c.write_at(&block(i), i * BS, false).unwrap();
@@ -149,21 +168,7 @@ fn a_damaged_record_mid_log_loses_only_its_blocks() {
 /// Damage to a batch header mid-log: its copy in the next header is used; nothing is lost.
 #[test]
 fn a_damaged_header_is_read_from_its_copy() {
-    let (cdev, bdev) = devices();
-    format_cache(
-        &*cdev,
-        BACKING,
-        4 << 20,
-        Mode::WriteBack,
-        Default::default(),
-    )
-    .unwrap();
-    let c = open_default(&cdev, &bdev);
-    for i in 0..50 {
-        c.write_at(&block(i), i * BS, false).unwrap();
-        c.flush().unwrap();
-    }
-    drop(c);
+    let (cdev, bdev) = flushed_writes_then_crash(50);
     let (header, _) = find_record(&cdev, 20);
     flip(&cdev, header + 60);
     let c = open_default(&cdev, &bdev);
@@ -186,21 +191,7 @@ fn a_damaged_header_is_read_from_its_copy() {
 /// reported lost with their blocks unknown, and the log after them is still replayed.
 #[test]
 fn a_header_and_its_copy_both_damaged_are_reported_and_the_rest_replayed() {
-    let (cdev, bdev) = devices();
-    format_cache(
-        &*cdev,
-        BACKING,
-        4 << 20,
-        Mode::WriteBack,
-        Default::default(),
-    )
-    .unwrap();
-    let c = open_default(&cdev, &bdev);
-    for i in 0..50 {
-        c.write_at(&block(i), i * BS, false).unwrap();
-        c.flush().unwrap();
-    }
-    drop(c);
+    let (cdev, bdev) = flushed_writes_then_crash(50);
     let (h20, _) = find_record(&cdev, 20);
     let (h21, _) = find_record(&cdev, 21);
     flip(&cdev, h20 + 60);
@@ -229,15 +220,7 @@ fn a_header_and_its_copy_both_damaged_are_reported_and_the_rest_replayed() {
 /// always did (a prefix of the history), and nothing is reported lost.
 #[test]
 fn a_torn_tail_is_not_damage() {
-    let (cdev, bdev) = devices();
-    format_cache(
-        &*cdev,
-        BACKING,
-        4 << 20,
-        Mode::WriteBack,
-        Default::default(),
-    )
-    .unwrap();
+    let (cdev, bdev) = formatted();
     let c = open_default(&cdev, &bdev);
     for i in 0..5 {
         c.write_at(&block(i), i * BS, false).unwrap();
@@ -270,15 +253,7 @@ fn a_torn_tail_is_not_damage() {
 /// Before: reads returned the bad byte and `flush` wrote it to the backing store.
 #[test]
 fn damaged_cache_blocks_are_never_served_or_written_back() {
-    let (cdev, bdev) = devices();
-    format_cache(
-        &*cdev,
-        BACKING,
-        4 << 20,
-        Mode::WriteBack,
-        Default::default(),
-    )
-    .unwrap();
+    let (cdev, bdev) = formatted();
     let original = pattern(5, 1 << 20);
     bdev.write_at(&original, 32 << 20, false).unwrap();
     let c = open_default(&cdev, &bdev);
@@ -340,15 +315,7 @@ fn damaged_cache_blocks_are_never_served_or_written_back() {
 /// The scrub finds damage before anyone reads it.
 #[test]
 fn the_scrub_finds_damaged_blocks() {
-    let (cdev, bdev) = devices();
-    format_cache(
-        &*cdev,
-        BACKING,
-        4 << 20,
-        Mode::WriteBack,
-        Default::default(),
-    )
-    .unwrap();
+    let (cdev, bdev) = formatted();
     let c = open_default(&cdev, &bdev);
     for i in 0..64 {
         c.write_at(&block(i), i * BS, false).unwrap();
@@ -375,15 +342,7 @@ fn the_scrub_finds_damaged_blocks() {
 /// A damaged superblock copy is reported and rewritten at open.
 #[test]
 fn a_damaged_superblock_copy_is_reported_and_repaired() {
-    let (cdev, bdev) = devices();
-    format_cache(
-        &*cdev,
-        BACKING,
-        4 << 20,
-        Mode::WriteBack,
-        Default::default(),
-    )
-    .unwrap();
+    let (cdev, bdev) = formatted();
     let c = open_default(&cdev, &bdev);
     c.write_at(&block(1), BS, false).unwrap();
     c.close().unwrap();
