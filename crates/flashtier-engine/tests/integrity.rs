@@ -106,13 +106,7 @@ fn read_block(c: &Cache, i: u64) -> std::io::Result<Vec<u8>> {
 /// Before: recovery stopped there and 191 flushed writes were gone, health ok.
 #[test]
 fn a_damaged_record_mid_log_loses_only_its_blocks() {
-    let (cdev, bdev) = formatted();
-    let c = open_default(&cdev, &bdev);
-    for i in 0..200 {
-        c.write_at(&block(i), i * BS, false).unwrap();
-        c.flush().unwrap();
-    }
-    drop(c); // a crash: no final checkpoint
+    let (cdev, bdev) = flushed_writes_then_crash(200);
     let (_, data) = find_record(&cdev, 9);
     flip(&cdev, data + 100);
 
