@@ -41,6 +41,16 @@ pub fn handle(c: &Controller, req: Request) -> Result<serde_json::Value, Control
             let value = c.set(&name, &value, persist)?;
             json(&NameValue { name, value })
         }
+        Request::SetMany { settings, persist } => {
+            let settings: Vec<(String, String)> =
+                settings.into_iter().map(|s| (s.name, s.value)).collect();
+            let set = c.set_many(&settings, persist)?;
+            let set: Vec<NameValue> = set
+                .into_iter()
+                .map(|(name, value)| NameValue { name, value })
+                .collect();
+            json(&set)
+        }
         Request::Params => json(&c.params()?),
         Request::Mode { mode } => serde_json::json!({ "mode": c.start_mode_switch(&mode)? }),
         Request::Flush => {
@@ -76,7 +86,8 @@ fn respond(c: &Controller, line: &str) -> Response {
         Err(e) => {
             return Response::error(format!(
                 "bad request ({e}); expected one JSON object per line with \"op\" one of \
-                 report, get, set, params, mode, flush, flush_cancel, reset_stats, detach, attach"
+                 report, get, set, set_many, params, mode, flush, flush_cancel, reset_stats, \
+                 detach, attach"
             ))
         }
     };

@@ -51,8 +51,9 @@ enum Command {
     /// Show a live parameter of a running server (or `--all` of them, with defaults and allowed
     /// values).
     Get(ctl::GetArgs),
-    /// Change a live parameter of a running server, effective from the next request, without a
-    /// restart (`--persist` also writes it to the config file). Parameters are listed in --help.
+    /// Change live parameters of a running server, effective from the next request, without a
+    /// restart; several at once change together (`--persist` also writes them to the config
+    /// file). Parameters are listed in --help.
     Set(ctl::SetArgs),
     /// Switch a running server's cache mode live; leaving write-back first writes every dirty
     /// block back, with a progress bar.

@@ -169,7 +169,8 @@ impl Settings {
         if mode.is_some() && cache.is_none() {
             anyhow::bail!("--mode needs a cache (--cache, or `cache` in the config file)");
         }
-        if !args.set.is_empty() && cache.is_none() {
+        let has_set = !args.set.is_empty();
+        if has_set && cache.is_none() {
             anyhow::bail!("--set needs a cache (--cache, or `cache` in the config file)");
         }
         let mut policy = config
@@ -177,6 +178,17 @@ impl Settings {
             .map(|c| c.policy.clone())
             .unwrap_or_default();
         policy.extend(args.set);
+        // Values that constrain each other are checked as the file and --set leave them together.
+        flashtier_engine::tunables::validate_all(&policy).with_context(|| {
+            format!(
+                "the live parameters of {} do not fit together",
+                match (&config, has_set) {
+                    (Some(c), true) => format!("{} [policy] and --set", c.path.display()),
+                    (Some(c), false) => format!("{} [policy]", c.path.display()),
+                    (None, _) => "--set".to_string(),
+                }
+            )
+        })?;
         let run_dir = default_run_dir();
         let given = |p: Option<PathBuf>, default: &str| match p {
             Some(p) => (p, true),
@@ -263,8 +275,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         endurance_tbw: args.endurance_tbw,
         persist: args.config.as_ref().map(|c| {
             let path = c.path.clone();
-            Box::new(move |name: &str, value: &str| {
-                config::persist(&path, name, value).map_err(Into::into)
+            Box::new(move |settings: &[(String, String)]| {
+                config::persist(&path, settings).map_err(Into::into)
             }) as PersistFn
         }),
         detach: Some(DetachOptions {
@@ -440,12 +452,11 @@ fn open_cache(
             "cache recovered after an unclean shutdown"
         );
     }
-    // Live parameters from the config file and --set (validated when parsed; checked again here).
-    for (name, value) in &args.policy {
-        cache
-            .set_param(name, value)
-            .with_context(|| format!("parameter {name} = {value}"))?;
-    }
+    // Live parameters from the config file and --set, as one change (validated when parsed;
+    // checked again here).
+    cache
+        .set_params(&args.policy)
+        .context("cannot apply the live parameters")?;
     Ok(Arc::new(cache))
 }
 

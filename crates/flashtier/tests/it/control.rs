@@ -552,6 +552,177 @@ fn set_persist_writes_the_config_file_and_a_restart_reads_it() {
     );
 }
 
+/// Runs `flashtier ARGS`, expected to refuse and exit; a server that starts instead is stopped
+/// after 20 s (exit 124), failing the caller's check rather than hanging the test.
+fn refused(args: &[&str]) -> Output {
+    run_any(Command::new("timeout").arg("20").arg(BIN).args(args))
+}
+
+/// Watermarks that would cross are refused wherever they come from (`serve --set`, the config
+/// file's `[policy]`, `config check`, `flashtier set`), in any order, naming both values; a
+/// pair set in one command moves both, and persists both.
+#[test]
+fn crossed_watermarks_are_refused_everywhere_and_a_pair_moves_together() {
+    let setup = Setup::new();
+    let both = "writeback_dirty_low_pct (80) must be below writeback_dirty_high_pct (10)";
+    let low = "writeback_dirty_low_pct=80";
+    let high = "writeback_dirty_high_pct=10";
+    for sets in [[low, high], [high, low]] {
+        let out = refused(&[
+            "serve",
+            "--backing",
+            path_str(&setup.backing),
+            "--cache",
+            path_str(&setup.cache),
+            "--control-socket",
+            path_str(&setup.control),
+            "--stats-file",
+            path_str(&setup.stats_file),
+            "--listen",
+            path_str(&setup.path().join("nbd.sock")),
+            "--set",
+            sets[0],
+            "--set",
+            sets[1],
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.code() == Some(1) && err.contains(both) && err.contains("--set"),
+            "serve --set {sets:?}:\n{}",
+            text(&out)
+        );
+    }
+    let config = setup.path().join("flashtier.toml");
+    for policy in [
+        "writeback_dirty_low_pct = 80\nwriteback_dirty_high_pct = 10\n",
+        "writeback_dirty_high_pct = 10\nwriteback_dirty_low_pct = 80\n",
+    ] {
+        std::fs::write(&config, format!("[policy]\n{policy}")).unwrap();
+        for cmd in [
+            &["config", "check", path_str(&config)][..],
+            &[
+                "serve",
+                "--config",
+                path_str(&config),
+                "--backing",
+                path_str(&setup.backing),
+                "--cache",
+                path_str(&setup.cache),
+            ][..],
+        ] {
+            let out = refused(cmd);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.code() == Some(1) && err.contains(both) && err.contains(":3:"),
+                "{cmd:?} with {policy:?}:\n{}",
+                text(&out)
+            );
+        }
+    }
+    // The file's [policy] and --set together: each fine alone, crossed together.
+    std::fs::write(&config, "[policy]\nwriteback_dirty_low_pct = 60\n").unwrap();
+    let out = refused(&[
+        "serve",
+        "--config",
+        path_str(&config),
+        "--backing",
+        path_str(&setup.backing),
+        "--cache",
+        path_str(&setup.cache),
+        "--set",
+        "writeback_dirty_high_pct=55",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(1)
+            && err.contains(
+                "writeback_dirty_low_pct (60) must be below writeback_dirty_high_pct (55)"
+            ),
+        "{}",
+        text(&out)
+    );
+
+    // Live: one at a time, a crossing value is refused naming both and the way out.
+    std::fs::write(
+        &config,
+        format!(
+            "[serve]\nbacking = \"{}\"\ncache = \"{}\"\nlisten = \"{}\"\ncontrol_socket = \"{}\"\n\
+             stats_file = \"{}\"\n",
+            path_str(&setup.backing),
+            path_str(&setup.cache),
+            path_str(&setup.path().join("nbd.sock")),
+            path_str(&setup.control),
+            path_str(&setup.stats_file),
+        ),
+    )
+    .unwrap();
+    let server = Server::start(&["--config", path_str(&config)]);
+    let err = setup.ctl_fails(&["set", "writeback_dirty_low_pct", "80"]);
+    assert!(
+        err.contains(
+            "writeback_dirty_low_pct (80) must be below writeback_dirty_high_pct (70, the \
+             current value)"
+        ) && err.contains("flashtier set writeback_dirty_high_pct 90 writeback_dirty_low_pct 80"),
+        "{err}"
+    );
+    let err = setup.ctl_fails(&["set", "writeback_dirty_high_pct", "10"]);
+    assert!(
+        err.contains(
+            "writeback_dirty_low_pct (50, the current value) must be below \
+                      writeback_dirty_high_pct (10)"
+        ),
+        "{err}"
+    );
+    let err = setup.ctl_fails(&[
+        "set",
+        "writeback_dirty_low_pct",
+        "80",
+        "writeback_dirty_high_pct",
+        "10",
+        "--persist",
+    ]);
+    assert!(err.contains(both), "{err}");
+    assert_eq!(
+        setup.ctl_ok(&["get", "writeback_dirty_low_pct"]).trim(),
+        "50"
+    );
+    assert_eq!(
+        setup.ctl_ok(&["get", "writeback_dirty_high_pct"]).trim(),
+        "70"
+    );
+    assert!(!std::fs::read_to_string(&config)
+        .unwrap()
+        .contains("writeback"));
+    // Both in one command: applied and persisted together.
+    let said = setup.ctl_ok(&[
+        "set",
+        "writeback_dirty_low_pct",
+        "80",
+        "writeback_dirty_high_pct",
+        "90",
+        "--persist",
+    ]);
+    assert_eq!(
+        said,
+        "writeback_dirty_low_pct = 80\nwriteback_dirty_high_pct = 90\n"
+    );
+    assert_eq!(
+        setup.ctl_ok(&["get", "writeback_dirty_low_pct"]).trim(),
+        "80"
+    );
+    server.stop();
+    let server = Server::start(&["--config", path_str(&config)]);
+    assert_eq!(
+        setup.ctl_ok(&["get", "writeback_dirty_low_pct"]).trim(),
+        "80"
+    );
+    assert_eq!(
+        setup.ctl_ok(&["get", "writeback_dirty_high_pct"]).trim(),
+        "90"
+    );
+    server.stop();
+}
+
 #[test]
 fn config_check_accepts_the_example_and_explains_what_is_wrong() {
     let dir = Scratch::new();
