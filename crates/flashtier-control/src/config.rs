@@ -297,11 +297,16 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     Ok(config)
 }
 
+/// The mode of a config file `persist` creates (an existing one keeps its mode, owner and
+/// group).
+pub const NEW_FILE_MODE: u32 = 0o644;
+
 /// Sets each `(name, value)` in the config file at `path`: `[policy].name` for a live
 /// parameter, `[serve].mode` for `mode`. The values are checked first, and the file as a whole
 /// after (parameters that constrain each other); the rest of the file (comments, other keys,
 /// layout) is kept. Written atomically (temporary file, fsync, rename), so a crash leaves the
-/// old file or the new one; a missing file is created.
+/// old file or the new one; a missing file is created (mode [`NEW_FILE_MODE`]). A symlink at
+/// `path` is refused rather than replaced or written through.
 pub fn persist<N: AsRef<str>, V: AsRef<str>>(
     path: &Path,
     settings: &[(N, V)],
@@ -322,12 +327,18 @@ pub fn persist<N: AsRef<str>, V: AsRef<str>>(
         new = set_in_text(path, &new, name.as_ref(), value.as_ref())?;
     }
     parse(path, &new)?;
-    crate::atomic_file::replace(path, new.as_bytes(), crate::atomic_file::Durability::Synced)
-        .map_err(|source| ConfigError::Io {
-            path: path.to_path_buf(),
-            action: "write config file",
-            source,
-        })
+    use crate::atomic_file::{replace, Durability, Perms};
+    replace(
+        path,
+        new.as_bytes(),
+        Durability::Synced,
+        Perms::Keep { new: NEW_FILE_MODE },
+    )
+    .map_err(|source| ConfigError::Io {
+        path: path.to_path_buf(),
+        action: "write config file",
+        source,
+    })
 }
 
 /// [`persist`] of one value without the I/O: `text` with `name` set to `value`. The value is

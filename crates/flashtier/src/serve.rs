@@ -230,19 +230,14 @@ impl Settings {
 }
 
 /// The directory for sockets and runtime files when none is given.
-pub fn default_run_dir() -> PathBuf {
-    // SAFETY: geteuid has no failure modes.
-    if unsafe { libc::geteuid() } == 0 {
-        return PathBuf::from("/run/flashtier");
-    }
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(dir) => PathBuf::from(dir).join("flashtier"),
-        None => std::env::temp_dir().join(format!("flashtier-{}", unsafe { libc::geteuid() })),
-    }
-}
+pub use flashtier_control::run_dir::default_path as default_run_dir;
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let args = Settings::new(args)?;
+    // Created (0755) or checked (ours, writable only by us) before anything goes in it.
+    if args.listen.is_none() || !args.control_socket.1 || !args.stats_file.1 {
+        flashtier_control::run_dir::prepare(&default_run_dir())?;
+    }
     let listen = match &args.listen {
         Some(s) => ListenAddr::parse(s)?,
         None => ListenAddr::Unix(default_run_dir().join("nbd.sock")),

@@ -8,6 +8,7 @@ mod cache_cli;
 mod control;
 mod crash;
 mod detach;
+mod files;
 mod harness;
 mod mariadb;
 mod protocol;
