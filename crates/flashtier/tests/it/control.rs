@@ -1368,6 +1368,54 @@ fn stats_file_is_refreshed_and_agrees_with_its_json_and_stats_json() {
     server.stop();
 }
 
+/// 100 control connections that do nothing (half silent, half trickling a request line that
+/// never ends) cannot lock the operator out: each `flashtier status` gets in within a second or
+/// two, evicting the connection idle longest, and the server stops cleanly afterwards.
+#[test]
+fn idle_control_connections_never_lock_the_operator_out() {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    let setup = Setup::new();
+    let server = setup.serve(&[]);
+    let mut idle: Vec<UnixStream> = (0..100)
+        .map(|i| {
+            let mut s = UnixStream::connect(&setup.control).expect("connect");
+            if i % 2 == 1 {
+                s.write_all(b"{\"op\":\"rep").unwrap();
+            }
+            s
+        })
+        .collect();
+    for round in 0..5 {
+        let started = Instant::now();
+        let out = setup.ctl(&["status"]);
+        let took = started.elapsed();
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("health"),
+            "round {round}: status was locked out by idle connections:\n{}",
+            text(&out)
+        );
+        assert!(
+            took < Duration::from_secs(2),
+            "round {round}: status took {took:?}"
+        );
+    }
+    // Beyond the 64 slots, each new connection evicted an idle one, which was told why.
+    let told = idle
+        .iter_mut()
+        .filter(|s| {
+            let s: &UnixStream = s;
+            s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            let mut said = String::new();
+            let _ = (&mut &*s).read_to_string(&mut said);
+            said.contains("idle longest")
+        })
+        .count();
+    assert!(told >= 36, "only {told} evicted connections were told why");
+    drop(idle);
+    server.stop();
+}
+
 #[test]
 fn commands_without_a_server_say_which_socket_did_not_answer() {
     let dir = Scratch::new();
