@@ -111,14 +111,18 @@ fn main() {
     };
     if let Err(e) = result {
         eprintln!("flashtier: error: {}", error_chain(&e));
-        std::process::exit(1);
+        let code = match e.downcast_ref::<serve::CacheNotClosed>() {
+            Some(_) => serve::CacheNotClosed::EXIT_CODE,
+            None => 1,
+        };
+        std::process::exit(code);
     }
 }
 
 /// The error and its causes, `: `-separated, skipping a cause the message before it already
 /// quotes (library errors often embed their source in their text, and anyhow's `{:#}` would
 /// print it twice: "cannot listen on :80: Address already in use: Address already in use").
-fn error_chain(e: &anyhow::Error) -> String {
+pub(crate) fn error_chain(e: &anyhow::Error) -> String {
     let mut text = String::new();
     for cause in e.chain() {
         let part = cause.to_string();

@@ -26,7 +26,12 @@ every second as `name value` lines) and RUN/stats.json beside it (the report of 
 use by another running server are skipped with a warning; paths given explicitly must be free.\n\n\
 With --config FILE, options come from the file's [serve] table and options on the command line \
 override them; its [policy] values are applied once the cache is open. `flashtier config check \
-FILE` validates a file.")]
+FILE` validates a file.\n\n\
+Exit status after SIGINT/SIGTERM: 0 when every request was answered, the export flushed and the \
+cache closed cleanly (final checkpoint written); 3 when the cache was not closed cleanly because \
+its device failed (while serving or at the final checkpoint): its data stays on the device and \
+the next start recovers its log; 1 for any other failure (the message says which), including not \
+starting at all; 2 for a bad command line; 130 after a second signal (exit without waiting).")]
 pub struct ServeArgs {
     /// Read options from this TOML file ([serve]: these options; [policy]: live parameters).
     /// Options given on the command line override the file. `flashtier set --persist` writes
@@ -364,17 +369,96 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Stop answering control requests before the cache closes under them.
     plane.stop();
     // The cache attached now (a detach releasing it finishes first).
-    if let Some(cache) = controller.take_cache() {
-        // The server has flushed; a final checkpoint makes the next start near-instant.
-        let status = cache.status();
-        cache.close().context("closing the cache failed")?;
-        tracing::info!(
-            cached_blocks = status.cached_blocks,
-            dirty_blocks = status.dirty_blocks,
-            "cache closed cleanly"
-        );
+    let closed = match controller.take_cache() {
+        Some(cache) => close_cache(&cache),
+        None => Ok(()),
+    };
+    match (closed, served) {
+        (Ok(()), served) => served,
+        (Err(closing), Ok(())) => Err(closing),
+        // A failed cache device explains a failed final flush: the cache's error comes first.
+        (Err(mut closing), Err(served)) => {
+            match closing.downcast_mut::<CacheNotClosed>() {
+                Some(not_closed) => not_closed.also = Some(crate::error_chain(&served)),
+                None => tracing::error!("{}", crate::error_chain(&served)),
+            }
+            Err(closing)
+        }
     }
-    served
+}
+
+/// `serve` stopped, but the cache was not closed cleanly: its device failed, while serving or
+/// when the final checkpoint was written. What the log on the device holds is recovered at the
+/// next start; nothing was written back or dropped. `flashtier serve` exits with
+/// [`CacheNotClosed::EXIT_CODE`].
+#[derive(Debug)]
+pub struct CacheNotClosed {
+    why: String,
+    dirty_blocks: u64,
+    /// The server's own error, a consequence (its final flush fails on a failed cache).
+    also: Option<String>,
+}
+
+impl CacheNotClosed {
+    pub const EXIT_CODE: i32 = 3;
+}
+
+impl std::fmt::Display for CacheNotClosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "stopped, but the cache was NOT closed cleanly: {}. No final checkpoint was written; \
+             its {} dirty blocks stay on the cache device, and the next start recovers what its \
+             log holds (check or replace the device first)",
+            self.why, self.dirty_blocks
+        )?;
+        if let Some(also) = &self.also {
+            write!(f, ". Also: {also}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for CacheNotClosed {}
+
+/// Closes the cache at shutdown (the server has flushed) and says truthfully how it went: only
+/// a cache whose device still works gets the final checkpoint that makes the next start
+/// near-instant.
+fn close_cache(cache: &Cache) -> anyhow::Result<()> {
+    let status = cache.status();
+    let not_closed = |why: String| CacheNotClosed {
+        why,
+        dirty_blocks: status.dirty_blocks,
+        also: None,
+    };
+    let closed = cache.close();
+    if status.failed {
+        // close() skips the checkpoint of a failed log: nothing was written at all.
+        return Err(not_closed(
+            "its device failed while serving (the errors were logged then)".into(),
+        )
+        .into());
+    }
+    match closed {
+        // A failed checkpoint fails the log.
+        Err(e) if cache.status().failed => {
+            Err(not_closed(format!("writing its final checkpoint failed: {e}")).into())
+        }
+        // The final flush of the backing store, for writes that went around the cache: the
+        // cache closed (with its checkpoint), but those writes may not be durable.
+        Err(e) => Err(anyhow::Error::new(e).context(
+            "the cache closed cleanly, but the final flush of the backing store failed (writes \
+             that went around the cache may not be durable there)",
+        )),
+        Ok(()) => {
+            tracing::info!(
+                cached_blocks = status.cached_blocks,
+                dirty_blocks = status.dirty_blocks,
+                "cache closed cleanly"
+            );
+            Ok(())
+        }
+    }
 }
 
 /// Starts the control socket, the stats file and the metrics listener. A default control

@@ -1416,6 +1416,165 @@ fn idle_control_connections_never_lock_the_operator_out() {
     server.stop();
 }
 
+/// A tmpfs of a given size mounted on a directory, unmounted when dropped: a file system that
+/// fills up on demand.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        run(Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir));
+        Tmpfs(dir.to_path_buf())
+    }
+
+    fn resize(&self, size: &str) {
+        run(Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.0));
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        if !quiet(Command::new("umount").arg(&self.0)) {
+            quiet(Command::new("umount").arg("-l").arg(&self.0));
+        }
+    }
+}
+
+/// A cache device that fails (its file system full: a 32 MiB sparse cache file on a 2 MiB
+/// tmpfs) is not "closed cleanly" at SIGTERM: the server exits 3 saying the cache was not
+/// closed cleanly and why. Given the space back, the next start recovers every write that was
+/// flushed before the failure. The same when only the final checkpoint finds no space. Then
+/// it closes cleanly (exit 0).
+#[test]
+fn a_failed_cache_device_is_never_reported_closed_cleanly() {
+    let dir = Scratch::new();
+    let backing = dir.path().join("backing");
+    random_file(&backing, BACKING as usize, 23);
+    let template = dir.path().join("cache");
+    let out = flashtier(&[
+        "format",
+        "--cache",
+        path_str(&template),
+        "--backing",
+        path_str(&backing),
+        "--size",
+        "32M",
+        "--segment-size",
+        "1M",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let small = Tmpfs::mount(&dir.path().join("small"), "2m");
+    let cache = small.0.join("cache");
+    run(Command::new("cp")
+        .arg("--sparse=always")
+        .arg(&template)
+        .arg(&cache));
+    let control = dir.path().join("control.sock");
+    let stats = dir.path().join("stats");
+    let args = [
+        "--cache",
+        path_str(&cache),
+        "--control-socket",
+        path_str(&control),
+        "--stats-file",
+        path_str(&stats),
+    ];
+    let health = || {
+        let out = run_any(
+            Command::new(BIN)
+                .args(["status", "--control"])
+                .arg(&control),
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.starts_with("health"))
+            .unwrap_or("")
+            .to_string()
+    };
+    let mut server = Server::on_socket(dir.path(), path_str(&backing), &args);
+    // 1 MiB writes, each flushed, until the device fails; remember which were flushed.
+    let mut flushed = Vec::new();
+    for i in 0..16u64 {
+        let (ok, _) = try_qemu_io(
+            &server.uri,
+            &[
+                format!("write -P {} {} 1M", 0x40 + i, i * MIB),
+                "flush".into(),
+            ],
+        );
+        if ok {
+            flushed.push(i);
+        }
+        if health().contains("failed") {
+            break;
+        }
+    }
+    assert!(
+        health().contains("failed"),
+        "the cache device never failed: {}",
+        health()
+    );
+    assert!(!flushed.is_empty(), "not even the first write fitted");
+    let status = server.signal_and_wait(libc::SIGTERM);
+    let log = server.log();
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "exit status after SIGTERM with a failed cache:\n{log}"
+    );
+    assert!(
+        log.contains("NOT closed cleanly") && log.contains("its device failed while serving"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("cache closed cleanly"),
+        "a failed cache was reported closed cleanly:\n{log}"
+    );
+    drop(server);
+
+    // The space back: the log is recovered, every flushed write is there.
+    small.resize("64m");
+    let server = Server::on_socket(dir.path(), path_str(&backing), &args);
+    assert!(
+        server.log().contains("recovered after an unclean shutdown"),
+        "{}",
+        server.log()
+    );
+    let reads: Vec<String> = flushed
+        .iter()
+        .map(|i| format!("read -P {} {} 1M", 0x40 + i, i * MIB))
+        .collect();
+    qemu_io(&server.uri, &reads);
+
+    // Now the device fails only at the end, when the final checkpoint needs space that is gone.
+    qemu_io(&server.uri, &["write -P 0x33 40M 1M", "flush"]);
+    let filler = small.0.join("filler");
+    let _ = run_any(
+        Command::new("dd")
+            .args(["if=/dev/zero", "bs=1M"])
+            .arg(format!("of={}", filler.display())),
+    );
+    let mut server = server;
+    let status = server.signal_and_wait(libc::SIGTERM);
+    let log = server.log();
+    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(
+        log.contains("NOT closed cleanly") && log.contains("writing its final checkpoint failed"),
+        "{log}"
+    );
+    assert!(!log.contains("cache closed cleanly"), "{log}");
+    drop(server);
+    std::fs::remove_file(&filler).unwrap();
+    let server = Server::on_socket(dir.path(), path_str(&backing), &args);
+    qemu_io(&server.uri, &["read -P 0x33 40M 1M"]);
+    qemu_io(&server.uri, &reads);
+    server.stop();
+}
+
 #[test]
 fn commands_without_a_server_say_which_socket_did_not_answer() {
     let dir = Scratch::new();
