@@ -27,7 +27,8 @@
 //!
 //! **Failure-proof control.** The control socket is private (0600), speaks one JSON object per
 //! line ([`protocol`]), gives any bad input an error answer and keeps serving; a stuck or
-//! abusive client costs one thread, never the server. Files it writes are replaced atomically,
+//! abusive client costs one thread for a while, never the server, and never locks the operator
+//! out (idle clients are closed, and the one idle longest makes room when all slots are taken). Files it writes are replaced atomically,
 //! through unpredictable temporary names opened `O_EXCL | O_NOFOLLOW` and given their mode on
 //! the open file, so a link planted by another user never redirects a write, and the umask
 //! never widens a mode; the run directory is created 0755 and refused when others could write

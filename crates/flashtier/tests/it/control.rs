@@ -4,7 +4,10 @@
 //! `--background`, `--cancel`, over a slow NBD backing store), `reset-stats`, the stats
 //! file and its JSON, Prometheus metrics read by the reference Python parser, `config check`,
 //! a failing backing store (nbdkit's error filter: degraded, dirty data kept, background
-//! write-back retried, EIO on read misses, recovery), and the error when no server answers.
+//! write-back retried, EIO on read misses, recovery), watermarks that would cross refused from
+//! every source and moved together by one `set`, 100 idle control connections not locking
+//! `status` out, a failed cache device exiting 3 ("not closed cleanly") at SIGTERM, and the
+//! error when no server answers.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
