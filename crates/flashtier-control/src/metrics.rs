@@ -48,7 +48,8 @@ impl MetricsServer {
                 }
             })
         };
-        // A scraper that finds us busy gets the connection closed, and retries next interval.
+        // A scraper that finds every slot busy for 2 s gets the connection closed, and retries
+        // next interval.
         let acceptor = Acceptor::start(
             listener,
             "flashtier-metrics",
