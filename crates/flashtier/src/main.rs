@@ -6,6 +6,7 @@ mod ctl;
 mod demo;
 mod format;
 mod serve;
+mod shutdown;
 mod units;
 
 use clap::{Parser, Subcommand};
@@ -111,8 +112,8 @@ fn main() {
     };
     if let Err(e) = result {
         eprintln!("flashtier: error: {}", error_chain(&e));
-        let code = match e.downcast_ref::<serve::CacheNotClosed>() {
-            Some(_) => serve::CacheNotClosed::EXIT_CODE,
+        let code = match e.downcast_ref::<shutdown::CacheNotClosed>() {
+            Some(_) => shutdown::CacheNotClosed::EXIT_CODE,
             None => 1,
         };
         std::process::exit(code);
