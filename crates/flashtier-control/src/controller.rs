@@ -1564,8 +1564,16 @@ pub(crate) mod tests {
             let (set, go) = (set.clone(), go.clone());
             std::thread::spawn(move || {
                 for round in 1..=ROUNDS {
+                    let mut spins = 0u32;
                     while go.load(Ordering::Acquire) < round {
-                        std::hint::spin_loop();
+                        // Spin while the other side is running; yield if it was descheduled
+                        // (two cores shared with other work).
+                        spins += 1;
+                        if spins & 4095 == 0 {
+                            std::thread::yield_now();
+                        } else {
+                            std::hint::spin_loop();
+                        }
                     }
                     tx.send(set("writeback_dirty_high_pct", "15")).unwrap();
                 }

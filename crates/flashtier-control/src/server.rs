@@ -527,7 +527,7 @@ mod tests {
             let mut cl = Client::connect(&path).unwrap();
             assert!(cl.report().is_ok(), "round {round}");
             assert!(
-                started.elapsed() < Duration::from_secs(1),
+                started.elapsed() < Duration::from_secs(2),
                 "round {round}: {:?}",
                 started.elapsed()
             );
