@@ -16,6 +16,7 @@ use flashtier_io::BlockDev;
 use flashtier_nbd::{Export, ListenAddr, Listener, Server, ServerConfig, ShutdownHandle};
 
 use crate::backing::{backing_identity, open_backing, open_cache_device, BackingOptions};
+use crate::shutdown;
 use crate::units::fmt_bytes;
 
 #[derive(Args, Debug)]
@@ -26,7 +27,12 @@ every second as `name value` lines) and RUN/stats.json beside it (the report of 
 use by another running server are skipped with a warning; paths given explicitly must be free.\n\n\
 With --config FILE, options come from the file's [serve] table and options on the command line \
 override them; its [policy] values are applied once the cache is open. `flashtier config check \
-FILE` validates a file.")]
+FILE` validates a file.\n\n\
+Exit status after SIGINT/SIGTERM: 0 when every request was answered, the export flushed and the \
+cache closed cleanly (final checkpoint written); 3 when the cache was not closed cleanly because \
+its device failed (while serving or at the final checkpoint): its data stays on the device and \
+the next start recovers its log; 1 for any other failure (the message says which), including not \
+starting at all; 2 for a bad command line; 130 after a second signal (exit without waiting).")]
 pub struct ServeArgs {
     /// Read options from this TOML file ([serve]: these options; [policy]: live parameters).
     /// Options given on the command line override the file. `flashtier set --persist` writes
@@ -188,7 +194,8 @@ impl Settings {
         if mode.is_some() && cache.is_none() {
             anyhow::bail!("--mode needs a cache (--cache, or `cache` in the config file)");
         }
-        if !args.set.is_empty() && cache.is_none() {
+        let has_set = !args.set.is_empty();
+        if has_set && cache.is_none() {
             anyhow::bail!("--set needs a cache (--cache, or `cache` in the config file)");
         }
         if args.accept_new_backing && cache.is_none() {
@@ -207,6 +214,17 @@ impl Settings {
             .map(|c| c.policy.clone())
             .unwrap_or_default();
         policy.extend(args.set);
+        // Values that constrain each other are checked as the file and --set leave them together.
+        flashtier_engine::tunables::validate_all(&policy).with_context(|| {
+            format!(
+                "the live parameters of {} do not fit together",
+                match (&config, has_set) {
+                    (Some(c), true) => format!("{} [policy] and --set", c.path.display()),
+                    (Some(c), false) => format!("{} [policy]", c.path.display()),
+                    (None, _) => "--set".to_string(),
+                }
+            )
+        })?;
         let run_dir = default_run_dir();
         let given = |p: Option<PathBuf>, default: &str| match p {
             Some(p) => (p, true),
@@ -249,19 +267,14 @@ impl Settings {
 }
 
 /// The directory for sockets and runtime files when none is given.
-pub fn default_run_dir() -> PathBuf {
-    // SAFETY: geteuid has no failure modes.
-    if unsafe { libc::geteuid() } == 0 {
-        return PathBuf::from("/run/flashtier");
-    }
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(dir) => PathBuf::from(dir).join("flashtier"),
-        None => std::env::temp_dir().join(format!("flashtier-{}", unsafe { libc::geteuid() })),
-    }
-}
+pub use flashtier_control::run_dir::default_path as default_run_dir;
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let args = Settings::new(args)?;
+    // Created (0755) or checked (ours, writable only by us) before anything goes in it.
+    if args.listen.is_none() || !args.control_socket.1 || !args.stats_file.1 {
+        flashtier_control::run_dir::prepare(&default_run_dir())?;
+    }
     let listen = match &args.listen {
         Some(s) => ListenAddr::parse(s)?,
         None => ListenAddr::Unix(default_run_dir().join("nbd.sock")),
@@ -294,8 +307,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         endurance_tbw: args.endurance_tbw,
         persist: args.config.as_ref().map(|c| {
             let path = c.path.clone();
-            Box::new(move |name: &str, value: &str| {
-                config::persist(&path, name, value).map_err(Into::into)
+            Box::new(move |settings: &[(String, String)]| {
+                config::persist(&path, settings).map_err(Into::into)
             }) as PersistFn
         }),
         detach: Some(DetachOptions {
@@ -388,17 +401,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Stop answering control requests before the cache closes under them.
     plane.stop();
     // The cache attached now (a detach releasing it finishes first).
-    if let Some(cache) = controller.take_cache() {
-        // The server has flushed; a final checkpoint makes the next start near-instant.
-        let status = cache.status();
-        cache.close().context("closing the cache failed")?;
-        tracing::info!(
-            cached_blocks = status.cached_blocks,
-            dirty_blocks = status.dirty_blocks,
-            "cache closed cleanly"
-        );
-    }
-    served
+    shutdown::finish(controller.take_cache(), served)
 }
 
 /// Starts the control socket, the stats file and the metrics listener. A default control
@@ -474,12 +477,11 @@ fn open_cache(
             "cache recovered after an unclean shutdown"
         );
     }
-    // Live parameters from the config file and --set (validated when parsed; checked again here).
-    for (name, value) in &args.policy {
-        cache
-            .set_param(name, value)
-            .with_context(|| format!("parameter {name} = {value}"))?;
-    }
+    // Live parameters from the config file and --set, as one change (validated when parsed;
+    // checked again here).
+    cache
+        .set_params(&args.policy)
+        .context("cannot apply the live parameters")?;
     Ok(Arc::new(cache))
 }
 

@@ -9,6 +9,7 @@ mod control;
 mod crash;
 mod detach;
 mod disk_safety;
+mod files;
 mod harness;
 mod mariadb;
 mod protocol;
