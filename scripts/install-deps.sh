@@ -14,7 +14,12 @@ packages=(
     fio             # workloads with verification, nbd engine
     fuse3           # fusermount3 for nbdfuse
     e2fsprogs       # mkfs.ext4, e2fsck
-    util-linux      # losetup, mount, fincore (benchmarks)
+    xfsprogs        # mkfs.xfs, btrfs-progs mkfs.btrfs, fdisk sfdisk, lvm2 pvcreate: signatures
+    btrfs-progs     #   that `flashtier format` must refuse to overwrite
+    fdisk
+    lvm2
+    util-linux      # mount, blkid, fincore (benchmarks)
+    mount           # losetup
     python3-matplotlib  # the benchmarks' plots (bench/*.py re-run under /usr/bin/python3 for it)
     linux-perf      # perf stat: bench/cache_writes.py counts the log writer's batches with it
     mariadb-server  # mariadbd, mariadb-install-db, mysqlcheck: a real database crashed on flashtier

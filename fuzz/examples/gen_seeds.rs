@@ -12,7 +12,7 @@ use std::sync::Arc;
 use flashtier_engine::layout::batch::{BatchHeader, Kind};
 use flashtier_engine::layout::checkpoint::{self, Checkpoint};
 use flashtier_engine::layout::superblock;
-use flashtier_engine::{BackingIdentity, Cache, FormatOptions, Superblock};
+use flashtier_engine::{BackingIdentity, Cache, FormatOptions, IdentityField, Superblock};
 use flashtier_fuzz::client::{client_flags, info_payload, meta_payload, option, request, write};
 use flashtier_fuzz::handshake::{self, Ended};
 use flashtier_fuzz::on_device::{self, BATCH, CHECKPOINT, CHOOSE, FIX_CRC, SUPERBLOCK};
@@ -63,10 +63,11 @@ impl Writer {
         fs::create_dir_all(&dir).unwrap();
         for entry in fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
+            // Regression inputs (`seed-regress-*`, kept from crashes) are not generated here.
             let stale = path
                 .file_name()
                 .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("seed-"));
+                .is_some_and(|n| n.starts_with("seed-") && !n.starts_with("seed-regress-"));
             if stale {
                 fs::remove_file(path).unwrap();
             }
@@ -554,6 +555,13 @@ fn real_cache_image() -> Image {
     let ident = BackingIdentity {
         size: BACKING_SIZE as u64,
         name: "/dev/disk/by-id/fuzz-backing".into(),
+        // Fields for the fuzzer to mutate, as a disk with a WWN would have them.
+        fingerprint: vec![
+            IdentityField::required("kind", "block"),
+            IdentityField::required("wwid", "naa.5000c500a1b2c3d4"),
+            IdentityField::info("path", "/dev/sdb"),
+            IdentityField::info("devno", "8:16"),
+        ],
     };
     let opts = FormatOptions {
         segment_size: 1 << 20,
@@ -626,7 +634,7 @@ fn log_headers(img: &[u8], sb: &Superblock) -> Vec<(BatchHeader, Vec<u8>)> {
                 break 'segments;
             };
             out.push((h.clone(), block.to_vec()));
-            if h.seal {
+            if h.is_seal() {
                 continue 'segments;
             }
             used += 1 + h.data_blocks();
@@ -678,13 +686,13 @@ fn on_device_seeds(root: &Path) -> usize {
     seed("choose-newest-torn", CHOOSE, &[&torn, old], &ok);
     seed("choose-one-copy-blank", CHOOSE, &[old, &vec![0; len]], &ok);
     seed("choose-fix-crc", CHOOSE | FIX_CRC, &[&no_crc, old], &ok);
-    let mut v2 = new.clone();
-    v2[8] = 2;
+    let mut newer = new.clone();
+    newer[8] = 3;
     seed(
         "choose-unknown-version",
         CHOOSE | FIX_CRC,
-        &[old, &v2],
-        &|e| matches!(e, on_device::Ended::Rejected(m) if m.contains("version 2")),
+        &[old, &newer],
+        &|e| matches!(e, on_device::Ended::Rejected(m) if m.contains("version 3")),
     );
 
     // Checkpoints: the formatted device's (every segment free, no entries) and the newest one
@@ -719,12 +727,13 @@ fn on_device_seeds(root: &Path) -> usize {
                 Kind::Move => "move",
                 Kind::Invalidate => "invalidate",
                 Kind::Cleaned => "cleaned",
+                Kind::Lost => "lost",
             };
             if !kinds.contains(&k) {
                 kinds.push(k);
             }
         }
-        let name = if h.seal {
+        let name = if h.is_seal() {
             "batch-seal".to_string()
         } else {
             format!("batch-{}", kinds.join("-"))
@@ -742,7 +751,7 @@ fn on_device_seeds(root: &Path) -> usize {
     }
     if let Some((_, block)) = headers.iter().max_by_key(|(h, _)| h.entries.len()) {
         let mut no_crc = block[..4096].to_vec();
-        no_crc[4092..].fill(0);
+        no_crc[2044..2048].fill(0);
         seed("batch-fix-crc", BATCH | FIX_CRC, &[&no_crc], &ok);
     }
     w.count

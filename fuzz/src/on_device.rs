@@ -5,7 +5,7 @@
 //!
 //! | selector bits | meaning |
 //! | ------------- | ------- |
-//! | 0..=1 | 0: `Superblock::decode` of one 4 KiB copy; 1: `Superblock::choose` of two copies (the first and the next 4 KiB); 2: `BatchHeader::decode` of one block (at least 4 KiB; longer input is a larger cache block); 3: `Checkpoint::decode_header` of the first 4 KiB, then `Checkpoint::decode_body` of the rest |
+//! | 0..=1 | 0: `Superblock::decode` of one 4 KiB copy; 1: `Superblock::choose` of two copies (the first and the next 4 KiB); 2: `BatchHeader::decode` and `decode_prev` of one header block (its own half and the copy of the previous header it carries; at least 4 KiB; longer input is a larger cache block); 3: `Checkpoint::decode_header` of the first 4 KiB, then `Checkpoint::decode_body` of the rest |
 //! | 7 | fix the checksums: before decoding, the harness writes the right CRC32C into every checksum field (for a checkpoint, the body's first, over the body length the header claims, as far as the input goes), so mutations get past them to the field checks |
 //!
 //! Bits 2..=6 are ignored. Short input is zero-padded to the sizes above.
@@ -101,6 +101,8 @@ fn rejected(e: impl std::fmt::Display) -> Ended {
 // ---- superblock ----
 
 const SB_CRC_AT: usize = superblock::LEN - 4;
+/// Where the backing fingerprint starts (superblock.rs).
+const FINGERPRINT_AT: usize = 1152;
 
 fn superblock_one(b: &[u8], fix: bool) -> Ended {
     let mut b = b.to_vec();
@@ -136,6 +138,19 @@ fn check_superblock(b: &[u8], sb: &Superblock) {
         sb.device_size
     );
     assert!(sb.backing.name.len() <= 1024);
+    let fp = &sb.backing.fingerprint;
+    assert!(fp.len() <= 64, "decode accepted {} fingerprint fields", fp.len());
+    for (i, f) in fp.iter().enumerate() {
+        assert!(
+            (1..=32).contains(&f.key.len())
+                && f.key
+                    .bytes()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_')
+                && f.value.len() <= 1024
+                && !fp[..i].iter().any(|g| g.key == f.key),
+            "decode accepted a bad fingerprint field {f:?}"
+        );
+    }
 
     let again = sb.encode().expect("a decoded superblock encodes");
     assert_eq!(
@@ -150,7 +165,12 @@ fn check_superblock(b: &[u8], sb: &Superblock) {
     want[52..56].fill(0);
     want[114..120].fill(0);
     let id_len = le16(&want, 120) as usize;
-    want[122 + id_len..SB_CRC_AT].fill(0);
+    want[122 + id_len..FINGERPRINT_AT].fill(0);
+    let mut end = FINGERPRINT_AT + 2;
+    for _ in 0..le16(&want, FINGERPRINT_AT) {
+        end += 4 + want[end + 1] as usize + le16(&want, end + 2) as usize;
+    }
+    want[end..SB_CRC_AT].fill(0);
     seal_crc(&mut want, SB_CRC_AT);
     assert!(
         again[..] == want[..],
@@ -221,20 +241,41 @@ fn choose(mut a: Vec<u8>, mut b: Vec<u8>, fix: bool) -> Ended {
 
 // ---- batch header ----
 
-const BATCH_CRC_AT: usize = batch::HEADER_FIELDS - 4;
-const ENTRIES_AT: usize = 32;
+const OWN: usize = batch::OWN_LEN;
+const BATCH_CRC_AT: usize = OWN - 4;
+const ENTRIES_AT: usize = 48;
 const ENTRY_LEN: usize = 32;
 
+/// A header block: its own half, and the copy of the previous header it carries, each decoded
+/// and checked on its own.
 fn batch_header(mut b: Vec<u8>, fix: bool) -> Ended {
     if fix {
-        seal_crc(&mut b, BATCH_CRC_AT);
+        seal_crc(&mut b[..OWN], BATCH_CRC_AT);
+        seal_crc(&mut b[OWN..2 * OWN], BATCH_CRC_AT);
+    }
+    if let Ok(prev) = BatchHeader::decode_prev(&b) {
+        check_own(&b[OWN..2 * OWN], &prev);
     }
     let h = match BatchHeader::decode(&b) {
         Ok(h) => h,
         Err(e) => return rejected(format!("{e:?}")),
     };
+    check_own(&b[..OWN], &h);
+    // The whole block re-encodes with the copy carried as it is, and zeroes after the fields.
+    let mut again = vec![0xa5; b.len()];
+    h.encode(&b[OWN..2 * OWN], &mut again);
+    assert!(again[batch::HEADER_FIELDS..].iter().all(|&x| x == 0));
+    assert!(again[OWN..2 * OWN] == b[OWN..2 * OWN], "batch: the copy was not kept");
+    Ended::Accepted
+}
+
+/// The checks on a header half `b` that decoded to `h`.
+fn check_own(b: &[u8], h: &BatchHeader) {
     assert!(h.entries.len() <= batch::MAX_ENTRIES);
-    assert!(!h.seal || h.entries.is_empty(), "a seal with records");
+    assert!(
+        h.kind == batch::HeaderKind::Batch || h.entries.is_empty(),
+        "a seal or note with records"
+    );
     for e in &h.entries {
         assert!(e.nblocks > 0, "an empty record: {e:?}");
         assert!(
@@ -242,25 +283,21 @@ fn batch_header(mut b: Vec<u8>, fix: bool) -> Ended {
             "a record range that overflows: {e:?}"
         );
     }
+    assert!(h.seq_first.checked_add(h.entries.len() as u64).is_some());
     let total: u64 = h.entries.iter().map(|e| e.data_blocks() as u64).sum();
     assert_eq!(
         total,
-        le32(&b, 28) as u64,
+        le32(b, 28) as u64,
         "the data block count disagrees with the entries"
     );
-
-    // Re-encode into a block of the input's size: encode zeroes everything after the fields.
-    let mut again = vec![0xa5; b.len()];
-    h.encode(&mut again);
+    let mut again = vec![0xa5; OWN];
+    h.encode_own(&mut again);
     assert_eq!(
-        BatchHeader::decode(&again).expect("a re-encoded batch header decodes"),
-        h,
+        BatchHeader::decode_own(&again).expect("a re-encoded batch header decodes"),
+        *h,
         "batch: decode(encode(x)) != x"
     );
-    assert!(again[batch::HEADER_FIELDS..].iter().all(|&x| x == 0));
-    let mut want = b[..batch::HEADER_FIELDS].to_vec();
-    let flags = le16(&want, 26) & 1;
-    want[26..28].copy_from_slice(&flags.to_le_bytes());
+    let mut want = b[..OWN].to_vec();
     for i in 0..h.entries.len() {
         let at = ENTRIES_AT + i * ENTRY_LEN;
         want[at + 21] &= 1;
@@ -269,11 +306,10 @@ fn batch_header(mut b: Vec<u8>, fix: bool) -> Ended {
     want[ENTRIES_AT + h.entries.len() * ENTRY_LEN..BATCH_CRC_AT].fill(0);
     seal_crc(&mut want, BATCH_CRC_AT);
     assert!(
-        again[..batch::HEADER_FIELDS] == want[..],
+        again[..] == want[..],
         "batch: encode(decode(b)) differs from b (normalised) at bytes {:?}",
         diff(&again, &want)
     );
-    Ended::Accepted
 }
 
 // ---- checkpoint ----
@@ -296,7 +332,7 @@ fn checkpoint(mut b: Vec<u8>, fix: bool) -> Ended {
     };
     assert_eq!(
         h.body_len as u128,
-        h.free_count as u128 * 4 + h.entry_count as u128 * 16,
+        h.free_count as u128 * 4 + (h.entry_count as u128 + h.lost_count as u128) * 16,
         "checkpoint: the body length disagrees with the counts: {h:?}"
     );
     let c = match Checkpoint::decode_body(&h, body) {
@@ -320,6 +356,7 @@ fn checkpoint(mut b: Vec<u8>, fix: bool) -> Ended {
         h.entry_count,
         "checkpoint: entry count"
     );
+    assert_eq!(c.lost.len() as u64, h.lost_count as u64, "checkpoint: lost ranges");
     assert_eq!(
         (c.number, c.next_seq, c.epoch, c.open),
         (h.number, h.next_seq, h.epoch, h.open),
@@ -339,13 +376,7 @@ fn checkpoint(mut b: Vec<u8>, fix: bool) -> Ended {
     if le32(&want, 40) == u32::MAX {
         want[44..48].fill(0); // no open segment: its block count means nothing
     }
-    want[60..64].fill(0);
     want[76..CKPT_CRC_AT].fill(0);
-    let entries_at = hl + h.free_count as usize * 4;
-    for at in (entries_at..len).step_by(16) {
-        let flags = le32(&want, at + 4) & 1;
-        want[at + 4..at + 8].copy_from_slice(&flags.to_le_bytes());
-    }
     let body_crc = crc32c::crc32c(&want[hl..len]);
     want[72..76].copy_from_slice(&body_crc.to_le_bytes());
     seal_crc(&mut want, CKPT_CRC_AT);

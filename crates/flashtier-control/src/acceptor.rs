@@ -2,15 +2,24 @@
 //! accepting, one thread per connection up to a limit, and a stop that wakes a blocked
 //! `accept(2)` by shutting the listening socket down (Linux returns EINVAL to it), so no
 //! polling and no self-connect that a removed socket file would break.
+//!
+//! When every slot is taken, the listener may make room: `evict` asks one connection to go
+//! (the control socket closes its longest-idle client), and the new one waits briefly for its
+//! thread to end. Threads stay bounded by the limit either way.
 
 use std::io;
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::io::AsRawFd;
 use std::os::unix::net::{UnixListener, UnixStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+/// How long a new connection waits for the slot an eviction frees.
+const EVICT_WAIT: Duration = Duration::from_secs(2);
 
 /// A listening socket.
 pub(crate) trait Listen: AsRawFd + Send + Sync + 'static {
@@ -32,6 +41,10 @@ impl Listen for TcpListener {
     }
 }
 
+/// What answers one connection, on its own thread. Dropped without running if the thread cannot
+/// start.
+pub(crate) type Job = Box<dyn FnOnce() + Send>;
+
 pub(crate) struct Acceptor {
     fd: i32,
     stopping: Arc<AtomicBool>,
@@ -39,25 +52,27 @@ pub(crate) struct Acceptor {
 }
 
 impl Acceptor {
-    /// Accepts on `listener` in a thread named `name`; each connection runs `serve` on a thread
-    /// of its own. Beyond `max` at once, `refuse` gets the connection instead (on the accept
-    /// thread: it must be quick).
+    /// Accepts on `listener` in a thread named `name`. `serve` takes each connection on the
+    /// accept thread (quickly: it may register it) and returns the work that answers it, which
+    /// runs on a thread of its own. With `max` connections served, `evict` is asked to make one
+    /// leave (it returns whether it did) and the new connection waits for a slot; if none
+    /// frees, `refuse` gets it instead (on the accept thread: it must be quick).
     pub(crate) fn start<L: Listen>(
         listener: L,
         name: &str,
         max: usize,
-        serve: impl Fn(L::Stream) + Send + Sync + 'static,
+        serve: impl Fn(L::Stream) -> Job + Send + 'static,
         refuse: impl Fn(L::Stream) + Send + 'static,
+        evict: impl Fn() -> bool + Send + 'static,
     ) -> io::Result<Acceptor> {
         let fd = listener.as_raw_fd();
         let stopping = Arc::new(AtomicBool::new(false));
         let stop = stopping.clone();
-        let serve = Arc::new(serve);
         let conn_name = format!("{name}-conn");
         let thread = std::thread::Builder::new()
             .name(name.to_string())
             .spawn(move || {
-                let busy = Arc::new(AtomicUsize::new(0));
+                let slots = Arc::new(Slots::default());
                 loop {
                     let accepted = listener.accept_one();
                     if stop.load(Ordering::SeqCst) {
@@ -73,22 +88,22 @@ impl Acceptor {
                             continue;
                         }
                     };
-                    if busy.fetch_add(1, Ordering::SeqCst) >= max {
-                        busy.fetch_sub(1, Ordering::SeqCst);
+                    if !slots.take(max, &evict) {
                         refuse(stream);
                         continue;
                     }
-                    let (busy2, serve) = (busy.clone(), serve.clone());
+                    let job = serve(stream);
+                    let slots2 = slots.clone();
                     let spawned =
                         std::thread::Builder::new()
                             .name(conn_name.clone())
                             .spawn(move || {
-                                serve(stream);
-                                busy2.fetch_sub(1, Ordering::SeqCst);
+                                job();
+                                slots2.give_back();
                             });
                     if let Err(e) = spawned {
                         tracing::warn!("{conn_name}: cannot start a thread: {e}");
-                        busy.fetch_sub(1, Ordering::SeqCst);
+                        slots.give_back();
                     }
                 }
             })?;
@@ -108,6 +123,40 @@ impl Acceptor {
             unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
             let _ = thread.join();
         }
+    }
+}
+
+/// Connections being served.
+#[derive(Default)]
+struct Slots {
+    busy: Mutex<usize>,
+    freed: Condvar,
+}
+
+impl Slots {
+    /// Takes a slot, evicting a connection to make room if all `max` are taken (or waiting for
+    /// one executing a request to finish, when none can be evicted); false if none came free.
+    fn take(&self, max: usize, evict: &impl Fn() -> bool) -> bool {
+        let mut busy = self.busy.lock();
+        if *busy >= max {
+            parking_lot::MutexGuard::unlocked(&mut busy, evict);
+            let deadline = Instant::now() + EVICT_WAIT;
+            while *busy >= max {
+                if self.freed.wait_until(&mut busy, deadline).timed_out() {
+                    break;
+                }
+            }
+            if *busy >= max {
+                return false;
+            }
+        }
+        *busy += 1;
+        true
+    }
+
+    fn give_back(&self) {
+        *self.busy.lock() -= 1;
+        self.freed.notify_all();
     }
 }
 

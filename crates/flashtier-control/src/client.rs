@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::controller::{Attached, ParamRow};
-use crate::protocol::{NameValue, Request, Response};
+use crate::protocol::{NameValue, Request, Response, Setting};
 use crate::report::Report;
 
 /// A reply taking longer than this means the server is stuck; say so instead of hanging.
@@ -126,6 +126,23 @@ impl Client {
             persist,
         })?;
         Ok(nv.value)
+    }
+
+    /// Sets several parameters together, all or none; returns `(name, value)` as stored.
+    pub fn set_many(
+        &mut self,
+        settings: &[(String, String)],
+        persist: bool,
+    ) -> Result<Vec<(String, String)>, ClientError> {
+        let settings = settings
+            .iter()
+            .map(|(name, value)| Setting {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect();
+        let set: Vec<NameValue> = self.call_as(&Request::SetMany { settings, persist })?;
+        Ok(set.into_iter().map(|nv| (nv.name, nv.value)).collect())
     }
 
     pub fn params(&mut self) -> Result<Vec<ParamRow>, ClientError> {

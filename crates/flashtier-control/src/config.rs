@@ -389,11 +389,20 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigError> {
     Ok(config)
 }
 
-/// Sets `name` to `value` in the config file at `path`: `[policy].name` for a live parameter,
-/// `[serve].mode` for `mode`. The value is checked first; the rest of the file (comments,
-/// other keys, layout) is kept. Written atomically (temporary file, fsync, rename), so a crash
-/// leaves the old file or the new one; a missing file is created.
-pub fn persist(path: &Path, name: &str, value: &str) -> Result<(), ConfigError> {
+/// The mode of a config file `persist` creates (an existing one keeps its mode, owner and
+/// group).
+pub const NEW_FILE_MODE: u32 = 0o644;
+
+/// Sets each `(name, value)` in the config file at `path`: `[policy].name` for a live
+/// parameter, `[serve].mode` for `mode`. The values are checked first, and the file as a whole
+/// after (parameters that constrain each other); the rest of the file (comments, other keys,
+/// layout) is kept. Written atomically (temporary file, fsync, rename), so a crash leaves the
+/// old file or the new one; a missing file is created (mode [`NEW_FILE_MODE`]). A symlink at
+/// `path` is refused rather than replaced or written through.
+pub fn persist<N: AsRef<str>, V: AsRef<str>>(
+    path: &Path,
+    settings: &[(N, V)],
+) -> Result<(), ConfigError> {
     let old = match std::fs::read_to_string(path) {
         Ok(text) => Some(text),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
@@ -405,17 +414,28 @@ pub fn persist(path: &Path, name: &str, value: &str) -> Result<(), ConfigError> 
             })
         }
     };
-    let new = set_in_text(path, old.as_deref().unwrap_or(""), name, value)?;
-    crate::atomic_file::replace(path, new.as_bytes(), crate::atomic_file::Durability::Synced)
-        .map_err(|source| ConfigError::Io {
-            path: path.to_path_buf(),
-            action: "write config file",
-            source,
-        })
+    let mut new = old.unwrap_or_default();
+    for (name, value) in settings {
+        new = set_in_text(path, &new, name.as_ref(), value.as_ref())?;
+    }
+    parse(path, &new)?;
+    use crate::atomic_file::{replace, Durability, Perms};
+    replace(
+        path,
+        new.as_bytes(),
+        Durability::Synced,
+        Perms::Keep { new: NEW_FILE_MODE },
+    )
+    .map_err(|source| ConfigError::Io {
+        path: path.to_path_buf(),
+        action: "write config file",
+        source,
+    })
 }
 
-/// [`persist`] without the I/O: `text` with `name` set to `value`. The result is validated as a
-/// whole, so a file that would not load is never written.
+/// [`persist`] of one value without the I/O: `text` with `name` set to `value`. The value is
+/// validated, and the result's syntax; [`parse`] checks the whole (as [`persist`] does, once
+/// every value is in).
 pub fn set_in_text(
     path: &Path,
     text: &str,
@@ -468,9 +488,7 @@ pub fn set_in_text(
             table.insert(name, Item::Value(value));
         }
     }
-    let new = doc.to_string();
-    parse(path, &new)?;
-    Ok(new)
+    Ok(doc.to_string())
 }
 
 /// A [`ParamError`] without the parameter's name (the error already names the key).
@@ -480,6 +498,7 @@ fn param_message(e: &ParamError) -> String {
         ParamError::Invalid { value, allowed, .. } => {
             format!("invalid value '{value}': allowed {allowed}")
         }
+        e @ ParamError::Conflict { .. } => e.to_string(),
     }
 }
 
@@ -607,6 +626,7 @@ impl Parser<'_> {
 
     fn policy(&self, table: &dyn TableLike) -> Result<Vec<(String, String)>, ConfigError> {
         let mut policy = Vec::new();
+        let mut spans = Vec::new();
         for (name, item) in table.iter() {
             let span = span_of(table, name, item);
             let key = format!("[policy] {name}");
@@ -644,6 +664,20 @@ impl Parser<'_> {
                 }
             })?;
             policy.push((name.to_string(), value));
+            spans.push(span);
+        }
+        // Values that constrain each other, as the file leaves them (over the defaults), in
+        // whatever order the file has them; the error points at the later of the two keys.
+        if let Err(e @ ParamError::Conflict { below, above, .. }) = tunables::validate_all(&policy)
+        {
+            let (i, name) = policy
+                .iter()
+                .enumerate()
+                .rev()
+                .find(|(_, (n, _))| n == below || n == above)
+                .map(|(i, (n, _))| (i, n.clone()))
+                .expect("a conflict involves a key of the file");
+            return Err(self.invalid(spans[i].clone(), format!("[policy] {name}"), e.to_string()));
         }
         Ok(policy)
     }
@@ -918,7 +952,7 @@ writeback_max_io_kib = 512
             ("promotion_window_secs", "86400"),
             ("writeback_controller", "off"),
             ("writeback_dirty_target_pct", "100"),
-            ("writeback_dirty_high_pct", "1"),
+            ("writeback_dirty_high_pct", "100"),
             ("writeback_dirty_low_pct", "99"),
             ("writeback_max_age_secs", "86400"),
             ("writeback_idle_delay_ms", "3600000"),
@@ -977,9 +1011,9 @@ writeback_max_io_kib = 512
                         sequential_cutoff_read_kib = 4096  # trailing\n\
                         promotion = \"always\"\n";
         std::fs::write(&file, original).unwrap();
-        persist(&file, "sequential_cutoff_read_kib", "1024").unwrap();
-        persist(&file, "promotion_nhit", "4").unwrap();
-        persist(&file, "mode", "wt").unwrap();
+        persist(&file, &[("sequential_cutoff_read_kib", "1024")]).unwrap();
+        persist(&file, &[("promotion_nhit", "4")]).unwrap();
+        persist(&file, &[("mode", "wt")]).unwrap();
         let text = std::fs::read_to_string(&file).unwrap();
         for kept in [
             "# Top comment.\n",
@@ -1004,7 +1038,7 @@ writeback_max_io_kib = 512
 
         // A missing file is created.
         let new = dir.path().join("new.toml");
-        persist(&new, "promotion", "nhit").unwrap();
+        persist(&new, &[("promotion", "nhit")]).unwrap();
         assert_eq!(
             load(&new).unwrap().policy,
             [("promotion".to_string(), "nhit".to_string())]
@@ -1017,16 +1051,18 @@ writeback_max_io_kib = 512
             ("sequential_cutoff", "1", "known: reclaim_policy"),
             ("mode", "fast", "writeback"),
         ] {
-            let e = persist(&file, name, value).unwrap_err().to_string();
+            let e = persist(&file, &[(name, value)]).unwrap_err().to_string();
             assert!(e.contains(says) && e.contains("flashtier.toml"), "{e}");
         }
         assert_eq!(std::fs::read_to_string(&file).unwrap(), before);
         // A file that is not TOML is not overwritten.
         std::fs::write(&file, "[policy\n").unwrap();
-        let e = persist(&file, "promotion", "nhit").unwrap_err().to_string();
+        let e = persist(&file, &[("promotion", "nhit")])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("not valid TOML"), "{e}");
         // A directory that does not exist is an error naming the file.
-        let e = persist(&dir.path().join("no/such.toml"), "promotion", "nhit")
+        let e = persist(&dir.path().join("no/such.toml"), &[("promotion", "nhit")])
             .unwrap_err()
             .to_string();
         assert!(e.contains("no/such.toml"), "{e}");
@@ -1094,6 +1130,69 @@ writeback_max_io_kib = 512
                 assert!(e.contains(s), "{text:?}: {e:?} does not say {s:?}");
             }
         }
+    }
+
+    #[test]
+    fn watermarks_are_checked_together_in_any_order() {
+        for (text, line, key, says) in [
+            (
+                "[policy]\nwriteback_dirty_low_pct = 80\nwriteback_dirty_high_pct = 10\n",
+                ":3:",
+                "[policy] writeback_dirty_high_pct",
+                "writeback_dirty_low_pct (80) must be below writeback_dirty_high_pct (10)",
+            ),
+            (
+                "[policy]\nwriteback_dirty_high_pct = 10\n\nwriteback_dirty_low_pct = 80\n",
+                ":4:",
+                "[policy] writeback_dirty_low_pct",
+                "writeback_dirty_low_pct (80) must be below writeback_dirty_high_pct (10)",
+            ),
+            (
+                "[policy]\nwriteback_dirty_low_pct = 80\n",
+                ":2:",
+                "[policy] writeback_dirty_low_pct",
+                "(80) must be below writeback_dirty_high_pct (70, the default)",
+            ),
+        ] {
+            let e = err(text);
+            for s in [line, key, says] {
+                assert!(e.contains(s), "{text:?}: {e:?} does not say {s:?}");
+            }
+        }
+        for ok in [
+            "[policy]\nwriteback_dirty_low_pct = 80\nwriteback_dirty_high_pct = 90\n",
+            "[policy]\nwriteback_dirty_high_pct = 90\nwriteback_dirty_low_pct = 80\n",
+        ] {
+            parse(path(), ok).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+        }
+
+        // persist: a value that would leave the file invalid is refused and changes nothing;
+        // both at once are written.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("flashtier.toml");
+        std::fs::write(&file, "[policy]\nwriteback_dirty_high_pct = 60\n").unwrap();
+        let e = persist(&file, &[("writeback_dirty_low_pct", "80")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("flashtier.toml") && e.contains("(80) must be below") && e.contains("(60)"),
+            "{e}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&file).unwrap(),
+            "[policy]\nwriteback_dirty_high_pct = 60\n"
+        );
+        persist(
+            &file,
+            &[
+                ("writeback_dirty_low_pct", "80"),
+                ("writeback_dirty_high_pct", "90"),
+            ],
+        )
+        .unwrap();
+        let policy = load(&file).unwrap().policy;
+        assert!(policy.contains(&("writeback_dirty_low_pct".into(), "80".into())));
+        assert!(policy.contains(&("writeback_dirty_high_pct".into(), "90".into())));
     }
 
     #[test]

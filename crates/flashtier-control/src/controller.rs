@@ -32,10 +32,14 @@ use crate::switch::Switchable;
 use crate::timed::{Latencies, Op};
 use crate::windows::{Counters, Sampler, TOTAL};
 
-/// Writes one setting to the config file the server was started with (`name` = `mode` for the
-/// mode). `serve` passes `config::persist` bound to the file's path.
-pub type PersistFn =
-    Box<dyn Fn(&str, &str) -> Result<(), Box<dyn std::error::Error + Send + Sync>> + Send + Sync>;
+/// Writes settings (`(name, value)`, `name` = `mode` for the mode) to the config file the
+/// server was started with, all or none. `serve` passes `config::persist` bound to the file's
+/// path.
+pub type PersistFn = Box<
+    dyn Fn(&[(String, String)]) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+        + Send
+        + Sync,
+>;
 
 /// Opens a cache device named by `flashtier attach --cache PATH` (`serve` passes the function
 /// it opens `--cache` with).
@@ -79,6 +83,17 @@ pub enum ControlError {
     Attach { path: String, cause: String },
     #[error(transparent)]
     Param(#[from] ParamError),
+    /// Values that constrain each other (the watermarks) would not fit together.
+    #[error(
+        "{0}; nothing was changed. To move both past each other, set them in one command, e.g. \
+         `flashtier set writeback_dirty_high_pct 90 writeback_dirty_low_pct 80`"
+    )]
+    Conflict(ParamError),
+    #[error(
+        "mode is switched on its own (`flashtier set mode M` or `flashtier mode M`), not \
+             together with other parameters"
+    )]
+    ModeWithOthers,
     #[error("invalid value '{0}' for mode: allowed {MODES}")]
     BadMode(String),
     #[error("a {0} is in progress; wait for it to finish (see `flashtier status`)")]
@@ -93,12 +108,10 @@ pub enum ControlError {
     )]
     NoConfig,
     // The cause is part of the message: it travels to the CLI as text over the socket.
-    #[error(
-        "could not write {name} = {value} to the config file (the value was not changed): {cause}"
-    )]
+    #[error("could not write {what} to the config file (nothing was changed): {cause}")]
     Persist {
-        name: String,
-        value: String,
+        /// `name = value`, comma-separated.
+        what: String,
         cause: Box<dyn std::error::Error + Send + Sync>,
     },
     #[error(transparent)]
@@ -280,6 +293,9 @@ pub struct Controller {
     wear_sampler: Mutex<Sampler>,
     lat_baseline: Mutex<Vec<HistSnapshot>>,
     job: Arc<Mutex<Option<Job>>>,
+    /// Held from checking a change of parameters to applying it (persisting in between), so
+    /// two control clients cannot interleave and leave a file or a cache neither checked.
+    setting: Mutex<()>,
 }
 
 impl Controller {
@@ -299,6 +315,7 @@ impl Controller {
             wear_sampler: Mutex::new(Sampler::new(0, &[])),
             lat_baseline: Mutex::new(vec![HistSnapshot::default(); Op::ALL.len()]),
             job: Arc::default(),
+            setting: Mutex::new(()),
         };
         let raw = c.raw_counters();
         *c.sampler.lock() = Sampler::new(0, &raw);
@@ -535,22 +552,69 @@ impl Controller {
             self.start_switch(mode, persist)?;
             return Ok(mode.to_string());
         }
-        tunables::validate(name, value).map_err(with_mode)?;
-        if persist {
-            self.persist(name, value.trim())?;
-        }
-        cache.set_param(name, value)?;
-        cache.get_param(name).map_err(with_mode)
+        let set = self.set_params(&cache, &[(name.to_string(), value.to_string())], persist)?;
+        Ok(set.into_iter().next().map(|(_, v)| v).unwrap_or_default())
     }
 
-    fn persist(&self, name: &str, value: &str) -> Result<(), ControlError> {
+    /// Sets several parameters at once: checked together (each value, then values that
+    /// constrain each other against the rest of the current values), persisted together with
+    /// `persist`, applied together; all or nothing. Returns `(name, value as stored)` for each.
+    /// `mode` is refused here: it starts a job, not a setting.
+    pub fn set_many(
+        &self,
+        settings: &[(String, String)],
+        persist: bool,
+    ) -> Result<Vec<(String, String)>, ControlError> {
+        let cache = self.need_cache()?;
+        if settings.iter().any(|(n, _)| n == "mode") {
+            if let [(_, mode)] = settings {
+                return Ok(vec![("mode".into(), self.set("mode", mode, persist)?)]);
+            }
+            return Err(ControlError::ModeWithOthers);
+        }
+        self.set_params(&cache, settings, persist)
+    }
+
+    fn set_params(
+        &self,
+        cache: &Cache,
+        settings: &[(String, String)],
+        persist: bool,
+    ) -> Result<Vec<(String, String)>, ControlError> {
+        let settings: Vec<(String, String)> = settings
+            .iter()
+            .map(|(n, v)| (n.trim().to_string(), v.trim().to_string()))
+            .collect();
+        let _setting = self.setting.lock();
+        for (name, value) in &settings {
+            tunables::validate(name, value).map_err(with_mode)?;
+        }
+        cache.check_params(&settings).map_err(conflict)?;
+        if persist {
+            self.persist(&settings)?;
+        }
+        cache.set_params(&settings).map_err(conflict)?;
+        settings
+            .into_iter()
+            .map(|(name, _)| {
+                let value = cache.get_param(&name).map_err(with_mode)?;
+                Ok((name, value))
+            })
+            .collect()
+    }
+
+    fn persist(&self, settings: &[(String, String)]) -> Result<(), ControlError> {
         let persist = self.persist.as_ref().ok_or(ControlError::NoConfig)?;
-        persist(name, value).map_err(|cause| ControlError::Persist {
-            name: name.to_string(),
-            value: value.to_string(),
+        let what = settings
+            .iter()
+            .map(|(n, v)| format!("{n} = {v}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        persist(settings).map_err(|cause| ControlError::Persist {
+            what: what.clone(),
             cause,
         })?;
-        tracing::info!(name, value, "setting persisted to the config file");
+        tracing::info!(settings = what, "persisted to the config file");
         Ok(())
     }
 
@@ -589,7 +653,7 @@ impl Controller {
         let from = self.need_cache()?.mode();
         let before = || {
             if persist {
-                self.persist("mode", to.name())?;
+                self.persist(&[("mode".into(), to.name().into())])?;
             }
             Ok(())
         };
@@ -784,11 +848,12 @@ impl Controller {
         format(&*device, d.identity.clone(), opts).map_err(|e| attach_err(e.to_string()))?;
         let cache = Cache::open(device, d.backing.clone(), &d.identity, Some(mode))
             .map_err(|e| attach_err(e.to_string()))?;
+        // One change (the carried values win): applied one at a time, a pair of watermarks
+        // could be refused halfway between the defaults and the values carried.
         let carried = att.detached.iter().flat_map(|det| det.params.iter());
-        for (name, value) in d.policy.iter().chain(carried) {
-            if let Err(e) = cache.set_param(name, value) {
-                tracing::warn!("attach: parameter {name} = {value} not applied: {e}");
-            }
+        let params: Vec<(String, String)> = d.policy.iter().chain(carried).cloned().collect();
+        if let Err(e) = cache.set_params(&params) {
+            tracing::warn!("attach: the parameters were not applied (the defaults are): {e}");
         }
         let cache = Arc::new(cache);
         d.export.switch_to(cache.clone());
@@ -891,6 +956,14 @@ fn detach(
     Ok(())
 }
 
+/// A conflict between values gets the hint on how to change both.
+fn conflict(e: ParamError) -> ControlError {
+    match e {
+        e @ ParamError::Conflict { .. } => ControlError::Conflict(e),
+        e => with_mode(e),
+    }
+}
+
 /// The engine's error, with `mode` among the known names (the control layer adds it).
 fn with_mode(e: ParamError) -> ControlError {
     match e {
@@ -954,6 +1027,7 @@ pub(crate) mod tests {
         let ident = BackingIdentity {
             size: 8 << 20,
             name: "test-backing".into(),
+            fingerprint: Vec::new(),
         };
         let opts = FormatOptions {
             segment_size: 1 << 20,
@@ -996,6 +1070,7 @@ pub(crate) mod tests {
         let ident = BackingIdentity {
             size: 8 << 20,
             name: "test-backing".into(),
+            fingerprint: Vec::new(),
         };
         let dev: Arc<dyn BlockDev> = Arc::new(MemDev::new(16 << 20));
         let opts = FormatOptions {
@@ -1201,6 +1276,7 @@ pub(crate) mod tests {
         let ident = BackingIdentity {
             size: 8 << 20,
             name: "another-backing".into(),
+            fingerprint: Vec::new(),
         };
         let opts = FormatOptions {
             segment_size: 1 << 20,
@@ -1377,11 +1453,11 @@ pub(crate) mod tests {
     fn persist_writes_first_and_a_failure_changes_nothing() {
         let saved = Arc::new(Mutex::new(Vec::<(String, String)>::new()));
         let s = saved.clone();
-        let (c, _) = cached(Some(Box::new(move |n: &str, v: &str| {
-            if v == "13" {
+        let (c, _) = cached(Some(Box::new(move |settings: &[(String, String)]| {
+            if settings.iter().any(|(_, v)| v == "13") {
                 return Err("disk full".into());
             }
-            s.lock().push((n.into(), v.into()));
+            s.lock().extend(settings.iter().cloned());
             Ok(())
         })));
         c.set("promotion_nhit", " 5", true).unwrap();
@@ -1398,6 +1474,172 @@ pub(crate) mod tests {
                 ("mode".to_string(), "writethrough".to_string())
             ]
         );
+    }
+
+    #[test]
+    fn related_values_change_together_or_not_at_all() {
+        let saved = Arc::new(Mutex::new(Vec::<(String, String)>::new()));
+        let s = saved.clone();
+        let (c, _) = cached(Some(Box::new(move |settings: &[(String, String)]| {
+            s.lock().extend(settings.iter().cloned());
+            Ok(())
+        })));
+        let pair = |low: &str, high: &str| {
+            vec![
+                ("writeback_dirty_low_pct".to_string(), low.to_string()),
+                ("writeback_dirty_high_pct".to_string(), high.to_string()),
+            ]
+        };
+        let get = |n: &str| c.get(n).unwrap();
+        // One at a time: refused naming both values, with the way out; nothing changes,
+        // nothing is persisted.
+        let e = c
+            .set("writeback_dirty_low_pct", "80", true)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(
+                "writeback_dirty_low_pct (80) must be below writeback_dirty_high_pct \
+                        (70, the current value)"
+            ) && e.contains("in one command"),
+            "{e}"
+        );
+        let e = c.set_many(&pair("80", "10"), true).unwrap_err().to_string();
+        assert!(
+            e.contains("writeback_dirty_low_pct (80) must be below writeback_dirty_high_pct (10)"),
+            "{e}"
+        );
+        assert_eq!(
+            (
+                get("writeback_dirty_low_pct"),
+                get("writeback_dirty_high_pct")
+            ),
+            ("50".into(), "70".into())
+        );
+        assert!(saved.lock().is_empty(), "a refused change was persisted");
+        // Both at once, in either order.
+        let set = c.set_many(&pair("80", "90"), true).unwrap();
+        assert_eq!(set, pair("80", "90"));
+        assert_eq!(get("writeback_dirty_low_pct"), "80");
+        assert_eq!(*saved.lock(), pair("80", "90"));
+        let mut down = pair("10", "20");
+        down.reverse();
+        c.set_many(&down, false).unwrap();
+        assert_eq!(
+            (
+                get("writeback_dirty_low_pct"),
+                get("writeback_dirty_high_pct")
+            ),
+            ("10".into(), "20".into())
+        );
+        // A bad value anywhere refuses the lot.
+        let mut bad = pair("5", "95");
+        bad.push(("promotion_nhit".into(), "0".into()));
+        assert!(c
+            .set_many(&bad, false)
+            .unwrap_err()
+            .to_string()
+            .contains("1..=255"));
+        assert_eq!(get("writeback_dirty_low_pct"), "10");
+        // mode is a job, not a setting.
+        let mut with_mode = pair("5", "95");
+        with_mode.push(("mode".into(), "writethrough".into()));
+        assert!(matches!(
+            c.set_many(&with_mode, false),
+            Err(ControlError::ModeWithOthers)
+        ));
+    }
+
+    /// Two clients at once, each change valid against the values it started from: low
+    /// 10 -> 60 (below high 90) and high 90 -> 15 (above low 10). Together they would cross,
+    /// so exactly one must win, every round. `set` is the path under test.
+    fn race_watermarks(
+        set: impl Fn(&str, &str) -> bool + Send + Sync + 'static,
+        get: impl Fn(&str) -> u32,
+    ) {
+        const ROUNDS: u64 = 20_000;
+        let set = Arc::new(set);
+        // Spinning, not sleeping, so both changes start within a fraction of a microsecond
+        // of each other and their checks overlap often.
+        let go = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let other = {
+            let (set, go) = (set.clone(), go.clone());
+            std::thread::spawn(move || {
+                for round in 1..=ROUNDS {
+                    let mut spins = 0u32;
+                    while go.load(Ordering::Acquire) < round {
+                        // Spin while the other side is running; yield if it was descheduled
+                        // (two cores shared with other work).
+                        spins += 1;
+                        if spins & 4095 == 0 {
+                            std::thread::yield_now();
+                        } else {
+                            std::hint::spin_loop();
+                        }
+                    }
+                    tx.send(set("writeback_dirty_high_pct", "15")).unwrap();
+                }
+            })
+        };
+        for round in 1..=ROUNDS {
+            assert!(set("writeback_dirty_high_pct", "90"));
+            assert!(set("writeback_dirty_low_pct", "10"));
+            go.store(round, Ordering::Release);
+            let low_ok = set("writeback_dirty_low_pct", "60");
+            let high_ok = rx.recv().unwrap();
+            let (low, high) = (
+                get("writeback_dirty_low_pct"),
+                get("writeback_dirty_high_pct"),
+            );
+            assert!(low < high, "round {round}: crossed: low {low}, high {high}");
+            assert!(
+                low_ok != high_ok,
+                "round {round}: low set {low_ok}, high set {high_ok}"
+            );
+        }
+        other.join().unwrap();
+    }
+
+    #[test]
+    fn racing_watermark_changes_never_leave_them_crossed() {
+        let (c, _) = cached(None);
+        let (c2, c3) = (c.clone(), c.clone());
+        race_watermarks(
+            move |n, v| c2.set(n, v, false).is_ok(),
+            move |n| c3.get(n).unwrap().parse().unwrap(),
+        );
+        // The engine's own guarantee, for callers other than the controller.
+        let cache = c.cache().unwrap();
+        let cache2 = cache.clone();
+        race_watermarks(
+            move |n, v| cache2.set_param(n, v).is_ok(),
+            move |n| cache.get_param(n).unwrap().parse().unwrap(),
+        );
+    }
+
+    #[test]
+    fn a_change_saved_to_the_config_file_is_never_refused_after() {
+        // While one client's change is being written to the config file, another changes the
+        // value it was checked against: the second must wait, or the first would be saved and
+        // then refused (the file and the cache disagreeing).
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (c, _) = cached(Some(Box::new(move |_: &[(String, String)]| {
+            let _ = tx.send(());
+            std::thread::sleep(Duration::from_millis(300));
+            Ok(())
+        })));
+        let first = {
+            let c = c.clone();
+            std::thread::spawn(move || c.set("writeback_dirty_low_pct", "60", true))
+        };
+        rx.recv().unwrap();
+        let second = c.set("writeback_dirty_high_pct", "55", false);
+        let first = first.join().unwrap();
+        assert!(first.is_ok(), "saved, then refused: {first:?}");
+        assert!(second.is_err(), "{second:?}");
+        assert_eq!(c.get("writeback_dirty_low_pct").unwrap(), "60");
+        assert_eq!(c.get("writeback_dirty_high_pct").unwrap(), "70");
     }
 
     #[test]

@@ -27,12 +27,17 @@
 //!
 //! **Failure-proof control.** The control socket is private (0600), speaks one JSON object per
 //! line ([`protocol`]), gives any bad input an error answer and keeps serving; a stuck or
-//! abusive client costs one thread, never the server. Files it writes are replaced atomically.
+//! abusive client costs one thread for a while, never the server, and never locks the operator
+//! out (idle clients are closed, and the one idle longest makes room when all slots are taken). Files it writes are replaced atomically,
+//! through unpredictable temporary names opened `O_EXCL | O_NOFOLLOW` and given their mode on
+//! the open file, so a link planted by another user never redirects a write, and the umask
+//! never widens a mode; the run directory is created 0755 and refused when others could write
+//! it ([`run_dir`]).
 //!
 //! Modules, one job each: [`histogram`], [`timed`], [`windows`], [`report`] (the types),
 //! [`render`] (status, table, stats text), [`prometheus`], [`controller`], [`protocol`],
 //! [`server`] (control socket), [`client`] (for the CLI), [`switch`] (the exported device, swapped by detach and attach), [`metrics`] (HTTP), `acceptor` (the
-//! accept loop both listeners share), `atomic_file` (replacing a file whole), [`statsfile`],
+//! accept loop both listeners share), `atomic_file` (replacing a file whole, safely), [`run_dir`], [`statsfile`],
 //! [`plane`] (starts and stops them together), [`config`] (the TOML config file).
 
 mod acceptor;
@@ -47,6 +52,7 @@ pub mod prometheus;
 pub mod protocol;
 pub mod render;
 pub mod report;
+pub mod run_dir;
 pub mod server;
 pub mod statsfile;
 pub mod switch;

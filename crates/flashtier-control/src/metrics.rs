@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use flashtier_nbd::{ListenAddr, ServerError};
 
-use crate::acceptor::Acceptor;
+use crate::acceptor::{Acceptor, Job};
 use crate::controller::{ControlError, Controller};
 
 /// Longest request head read.
@@ -40,14 +40,24 @@ impl MetricsServer {
         };
         let listener = TcpListener::bind(sock).map_err(|e| ServerError::Bind(addr.into(), e))?;
         let addr = listener.local_addr()?;
-        let serve = move |stream: TcpStream| {
-            if let Err(e) = answer(stream, &controller) {
-                tracing::debug!("metrics request: {e}");
-            }
+        let serve = move |stream: TcpStream| -> Job {
+            let controller = controller.clone();
+            Box::new(move || {
+                if let Err(e) = answer(stream, &controller) {
+                    tracing::debug!("metrics request: {e}");
+                }
+            })
         };
-        // A scraper that finds us busy gets the connection closed, and retries next interval.
-        let acceptor =
-            Acceptor::start(listener, "flashtier-metrics", MAX_CONNECTIONS, serve, drop)?;
+        // A scraper that finds every slot busy for 2 s gets the connection closed, and retries
+        // next interval.
+        let acceptor = Acceptor::start(
+            listener,
+            "flashtier-metrics",
+            MAX_CONNECTIONS,
+            serve,
+            drop,
+            || false,
+        )?;
         Ok(MetricsServer { addr, acceptor })
     }
 

@@ -1,7 +1,8 @@
 //! The control protocol: one JSON object per line each way over a unix socket.
 //!
 //! Requests: `{"op":"report"}`, `{"op":"get","name":N}`, `{"op":"set","name":N,"value":V,
-//! "persist":bool}`, `{"op":"params"}`, `{"op":"mode","mode":M}`, `{"op":"flush"}`,
+//! "persist":bool}`, `{"op":"set_many","settings":[{"name":N,"value":V},...],"persist":bool}`
+//! (all or nothing: for parameters that constrain each other), `{"op":"params"}`, `{"op":"mode","mode":M}`, `{"op":"flush"}`,
 //! `{"op":"flush_cancel"}`, `{"op":"reset_stats"}`, `{"op":"detach","force":bool}`,
 //! `{"op":"attach","cache":PATH|null,"mode":M|null,"force":bool}`.
 //! Responses: `{"ok":true,"result":...}` or `{"ok":false,"error":"message"}`. Line-delimited
@@ -23,6 +24,13 @@ pub enum Request {
         /// A string; numbers and booleans are accepted too and taken as written.
         #[serde(deserialize_with = "scalar")]
         value: String,
+        #[serde(default)]
+        persist: bool,
+    },
+    /// Sets several parameters together, all or none (values that constrain each other are
+    /// checked as the whole change leaves them): a list of `{"name", "value"}` as stored.
+    SetMany {
+        settings: Vec<Setting>,
         #[serde(default)]
         persist: bool,
     },
@@ -93,6 +101,15 @@ impl Response {
     }
 }
 
+/// One value of `set_many`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Setting {
+    pub name: String,
+    /// A string; numbers and booleans are accepted too and taken as written.
+    #[serde(deserialize_with = "scalar")]
+    pub value: String,
+}
+
 /// The `result` of `get` and `set`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NameValue {
@@ -113,6 +130,26 @@ mod tests {
             Request::Set {
                 name: "promotion_nhit".into(),
                 value: "3".into(),
+                persist: false
+            }
+        );
+        let r: Request = serde_json::from_str(
+            r#"{"op":"set_many","settings":[{"name":"a","value":80},{"name":"b","value":"9"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r,
+            Request::SetMany {
+                settings: vec![
+                    Setting {
+                        name: "a".into(),
+                        value: "80".into()
+                    },
+                    Setting {
+                        name: "b".into(),
+                        value: "9".into()
+                    }
+                ],
                 persist: false
             }
         );

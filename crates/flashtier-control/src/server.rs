@@ -5,25 +5,77 @@
 //! unknown operation or fails gets an error response and the connection stays usable; only a
 //! line over 64 KiB (not a control request by any stretch) closes that one connection. The
 //! server never exits because of what a client sent.
+//!
+//! **The operator always gets in.** Threads are bounded ([`Limits::max_clients`]), and clients
+//! that hold a slot without using it lose it: a connection that has not completed a request for
+//! [`Limits::idle`] is closed (measured from its last answer, so trickling bytes of a line that
+//! never ends does not count as activity), and when every slot is taken a new connection
+//! evicts the client idle longest. Only clients whose request is being executed are never
+//! evicted, and requests are short. A closed client gets one last error line saying why, if
+//! its socket has room for it.
 
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::Shutdown;
+use std::os::unix::io::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::acceptor::Acceptor;
+use crate::acceptor::{Acceptor, Job};
 use crate::controller::{ControlError, Controller};
 use crate::protocol::{NameValue, Request, Response};
 
 /// Longest request line accepted.
 const MAX_LINE: u64 = 64 << 10;
-/// Clients served at once; more get an error and are closed (each costs a thread).
-const MAX_CLIENTS: usize = 64;
+
+/// How many clients the control socket serves and for how long it keeps them.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Clients served at once (each costs a thread).
+    pub max_clients: usize,
+    /// A client that completes no request for this long is closed.
+    pub idle: Duration,
+    /// A client that does not take an answer within this long is closed.
+    pub write: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_clients: 64,
+            // The CLI asks every second while it watches or waits; a minute is plenty.
+            idle: Duration::from_secs(60),
+            write: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A connected client, as the accept thread sees it.
+struct Conn {
+    /// A handle to close it with.
+    stream: UnixStream,
+    /// When it last finished a request (or connected); `None` while one is executed.
+    idle_since: Option<Instant>,
+}
+
+type Registry = Arc<Mutex<HashMap<u64, Conn>>>;
+
+/// A client's place in the registry, given up when its work ends (or never starts).
+struct Registered {
+    id: u64,
+    registry: Registry,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.registry.lock().remove(&self.id);
+    }
+}
 
 /// Answers one request.
 pub fn handle(c: &Controller, req: Request) -> Result<serde_json::Value, ControlError> {
@@ -40,6 +92,16 @@ pub fn handle(c: &Controller, req: Request) -> Result<serde_json::Value, Control
         } => {
             let value = c.set(&name, &value, persist)?;
             json(&NameValue { name, value })
+        }
+        Request::SetMany { settings, persist } => {
+            let settings: Vec<(String, String)> =
+                settings.into_iter().map(|s| (s.name, s.value)).collect();
+            let set = c.set_many(&settings, persist)?;
+            let set: Vec<NameValue> = set
+                .into_iter()
+                .map(|(name, value)| NameValue { name, value })
+                .collect();
+            json(&set)
         }
         Request::Params => json(&c.params()?),
         Request::Mode { mode } => serde_json::json!({ "mode": c.start_mode_switch(&mode)? }),
@@ -76,7 +138,8 @@ fn respond(c: &Controller, line: &str) -> Response {
         Err(e) => {
             return Response::error(format!(
                 "bad request ({e}); expected one JSON object per line with \"op\" one of \
-                 report, get, set, params, mode, flush, flush_cancel, reset_stats, detach, attach"
+                 report, get, set, set_many, params, mode, flush, flush_cancel, reset_stats, \
+                 detach, attach"
             ))
         }
     };
@@ -90,33 +153,69 @@ fn respond(c: &Controller, line: &str) -> Response {
 pub struct ControlServer {
     path: PathBuf,
     acceptor: Acceptor,
-    /// Every connected client, to close them on stop.
-    clients: Arc<Mutex<HashMap<u64, UnixStream>>>,
+    /// Every connected client, to evict the idle and close them all on stop.
+    clients: Registry,
 }
 
 impl ControlServer {
     /// Binds `path` and starts serving `controller`.
     pub fn start(path: &Path, controller: Arc<Controller>) -> Result<ControlServer, ControlError> {
+        ControlServer::start_with(path, controller, Limits::default())
+    }
+
+    /// [`ControlServer::start`] with other limits.
+    pub fn start_with(
+        path: &Path,
+        controller: Arc<Controller>,
+        limits: Limits,
+    ) -> Result<ControlServer, ControlError> {
         let listener = flashtier_nbd::bind_unix(path)?;
-        let clients: Arc<Mutex<HashMap<u64, UnixStream>>> = Arc::default();
+        let clients: Registry = Arc::default();
         let next_id = AtomicU64::new(0);
         let registry = clients.clone();
-        let serve = move |stream: UnixStream| {
+        // Registered on the accept thread, before the next connection may need an eviction;
+        // idle from the moment it was accepted.
+        let serve = move |stream: UnixStream| -> Job {
             let id = next_id.fetch_add(1, Ordering::Relaxed);
-            match stream.try_clone() {
-                Ok(s) => registry.lock().insert(id, s),
-                Err(e) => return tracing::warn!("control socket: {e}"),
+            let registered = match stream.try_clone() {
+                Ok(s) => {
+                    let conn = Conn {
+                        stream: s,
+                        idle_since: Some(Instant::now()),
+                    };
+                    registry.lock().insert(id, conn);
+                    Registered {
+                        id,
+                        registry: registry.clone(),
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("control socket: {e}");
+                    return Box::new(|| {});
+                }
             };
-            if let Err(e) = serve_client(stream, &controller) {
-                tracing::debug!("control client: {e}");
-            }
-            registry.lock().remove(&id);
+            let controller = controller.clone();
+            Box::new(move || {
+                let busy = |busy: bool| {
+                    if let Some(c) = registered.registry.lock().get_mut(&registered.id) {
+                        c.idle_since = (!busy).then(Instant::now);
+                    }
+                };
+                if let Err(e) = serve_client(stream, &controller, &limits, &busy) {
+                    tracing::debug!("control client: {e}");
+                }
+            })
         };
-        let refuse = |mut stream: UnixStream| {
-            let too_many = format!("too many control clients (at most {MAX_CLIENTS})");
+        let max = limits.max_clients;
+        let refuse = move |mut stream: UnixStream| {
+            let too_many = format!(
+                "too many control clients (at most {max}, all executing a request); try again"
+            );
             let _ = write_response(&mut stream, &Response::error(too_many));
         };
-        let acceptor = Acceptor::start(listener, "flashtier-control", MAX_CLIENTS, serve, refuse)?;
+        let registry = clients.clone();
+        let evict = move || evict_longest_idle(&registry);
+        let acceptor = Acceptor::start(listener, "flashtier-control", max, serve, refuse, evict)?;
         Ok(ControlServer {
             path: path.to_path_buf(),
             acceptor,
@@ -128,11 +227,16 @@ impl ControlServer {
         &self.path
     }
 
+    /// Clients connected now.
+    pub fn clients(&self) -> usize {
+        self.clients.lock().len()
+    }
+
     /// Stops accepting, closes every client connection and removes the socket.
     pub fn stop(&mut self) {
         self.acceptor.stop();
-        for (_, s) in self.clients.lock().drain() {
-            let _ = s.shutdown(Shutdown::Both);
+        for (_, c) in self.clients.lock().drain() {
+            let _ = c.stream.shutdown(Shutdown::Both);
         }
         let _ = std::fs::remove_file(&self.path);
     }
@@ -144,9 +248,85 @@ impl Drop for ControlServer {
     }
 }
 
-fn serve_client(stream: UnixStream, c: &Controller) -> io::Result<()> {
+/// Closes the client that has waited longest since its last answer, telling it why; false if
+/// every client is executing a request.
+fn evict_longest_idle(registry: &Registry) -> bool {
+    let mut clients = registry.lock();
+    let Some((&id, _)) = clients
+        .iter()
+        .filter_map(|(id, c)| c.idle_since.map(|t| (id, t)))
+        .min_by_key(|&(_, t)| t)
+    else {
+        return false;
+    };
+    let conn = clients.remove(&id).expect("just found");
+    drop(clients);
+    let idle = conn.idle_since.map_or(Duration::ZERO, |t| t.elapsed());
+    tracing::info!(
+        idle_ms = idle.as_millis() as u64,
+        "control socket full: closing the client idle longest"
+    );
+    say_goodbye(
+        &conn.stream,
+        &format!(
+            "the server closed this control connection: every slot was taken and it was the \
+             one idle longest ({:.1} s); connect again",
+            idle.as_secs_f64()
+        ),
+    );
+    true
+}
+
+/// Sends a last error line if the socket has room for it right now (never waits: the client may
+/// not be reading), then closes the connection both ways.
+fn say_goodbye(stream: &UnixStream, why: &str) {
+    if let Ok(mut line) = serde_json::to_vec(&Response::error(why)) {
+        line.push(b'\n');
+        // SAFETY: the buffer is valid for its length; MSG_DONTWAIT makes this never block.
+        unsafe {
+            libc::send(
+                stream.as_raw_fd(),
+                line.as_ptr().cast(),
+                line.len(),
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+    }
+    let _ = stream.shutdown(Shutdown::Both);
+}
+
+/// Reads from the client until a deadline: each read waits only for the time left, so a
+/// client trickling bytes cannot stretch it.
+struct Deadline {
+    stream: UnixStream,
+    until: Instant,
+}
+
+impl Read for Deadline {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::ErrorKind::TimedOut.into());
+        }
+        self.stream.set_read_timeout(Some(left))?;
+        self.stream.read(buf)
+    }
+}
+
+/// Answers one client's requests in order until it leaves or idles out. `busy(true)` as a
+/// request starts executing, `busy(false)` when it is answered.
+fn serve_client(
+    stream: UnixStream,
+    c: &Controller,
+    limits: &Limits,
+    busy: &dyn Fn(bool),
+) -> io::Result<()> {
+    stream.set_write_timeout(Some(limits.write))?;
     let mut out = stream.try_clone()?;
-    let mut reader = BufReader::new(stream);
+    let mut reader = BufReader::new(Deadline {
+        stream,
+        until: Instant::now() + limits.idle,
+    });
     let mut line = String::new();
     loop {
         line.clear();
@@ -155,7 +335,22 @@ fn serve_client(stream: UnixStream, c: &Controller) -> io::Result<()> {
             Err(e) if e.kind() == io::ErrorKind::InvalidData => {
                 // read_line consumed the whole line before finding it was not UTF-8.
                 write_response(&mut out, &Response::error("bad request: not UTF-8"))?;
+                reader.get_mut().until = Instant::now() + limits.idle;
                 continue;
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock
+                ) =>
+            {
+                let why = format!(
+                    "the server closed this control connection: no request for {} s; connect \
+                     again",
+                    limits.idle.as_secs_f64()
+                );
+                say_goodbye(&out, &why);
+                return Ok(());
             }
             Err(e) => return Err(e),
         };
@@ -172,7 +367,11 @@ fn serve_client(stream: UnixStream, c: &Controller) -> io::Result<()> {
         if line.trim().is_empty() {
             continue;
         }
-        write_response(&mut out, &respond(c, line.trim()))?;
+        busy(true);
+        let response = respond(c, line.trim());
+        busy(false);
+        write_response(&mut out, &response)?;
+        reader.get_mut().until = Instant::now() + limits.idle;
     }
 }
 
@@ -279,5 +478,145 @@ mod tests {
         let _a = ControlServer::start(&path, passthrough().0).unwrap();
         let e = ControlServer::start(&path, passthrough().0).err().unwrap();
         assert!(e.to_string().contains("already listening"), "{e}");
+    }
+
+    /// Reads what the server sends until it closes the connection (or `within` passes).
+    fn read_until_closed(s: &mut UnixStream, within: Duration) -> Option<String> {
+        s.set_read_timeout(Some(within)).unwrap();
+        let mut got = String::new();
+        match s.read_to_string(&mut got) {
+            Ok(_) => Some(got),
+            Err(_) => None,
+        }
+    }
+
+    fn wait_for(what: &str, within: Duration, cond: impl Fn() -> bool) {
+        let deadline = Instant::now() + within;
+        while !cond() {
+            assert!(Instant::now() < deadline, "timed out: {what}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn when_full_a_new_client_evicts_the_one_idle_longest() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let limits = Limits {
+            max_clients: 4,
+            ..Limits::default()
+        };
+        let server = ControlServer::start_with(&path, passthrough().0, limits).unwrap();
+        // The oldest sits silent; the others send part of a line (never finished).
+        let mut held: Vec<UnixStream> = Vec::new();
+        for i in 0..4 {
+            let mut s = UnixStream::connect(&path).unwrap();
+            if i > 0 {
+                s.write_all(b"{\"op\":\"rep").unwrap();
+            }
+            held.push(s);
+            wait_for(
+                "the client to be registered",
+                Duration::from_secs(5),
+                || server.clients() == i + 1,
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for round in 0..12 {
+            let started = Instant::now();
+            let mut cl = Client::connect(&path).unwrap();
+            assert!(cl.report().is_ok(), "round {round}");
+            assert!(
+                started.elapsed() < Duration::from_secs(2),
+                "round {round}: {:?}",
+                started.elapsed()
+            );
+            drop(cl);
+            wait_for("the client to leave", Duration::from_secs(5), || {
+                server.clients() < 4
+            });
+            if round < 4 {
+                // The one idle longest went, with a line saying why.
+                let got = read_until_closed(&mut held[round], Duration::from_secs(5))
+                    .expect("evicted connection closed");
+                assert!(got.contains("idle longest"), "round {round}: {got:?}");
+            }
+            // Refill, so the next round finds the socket full again.
+            held.push(UnixStream::connect(&path).unwrap());
+            wait_for("refilled", Duration::from_secs(5), || server.clients() == 4);
+        }
+        // A client using its connection is never the one evicted while others idle.
+        let mut active = Client::connect(&path).unwrap();
+        for _ in 0..8 {
+            assert!(active.report().is_ok());
+            let mut other = Client::connect(&path).unwrap();
+            assert!(other.report().is_ok());
+        }
+    }
+
+    #[test]
+    fn idle_and_trickling_clients_are_closed_after_the_idle_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let limits = Limits {
+            idle: Duration::from_millis(300),
+            ..Limits::default()
+        };
+        let server = ControlServer::start_with(&path, passthrough().0, limits).unwrap();
+        let mut silent = UnixStream::connect(&path).unwrap();
+        let mut trickle = UnixStream::connect(&path).unwrap();
+        let mut busy = Client::connect(&path).unwrap();
+        let started = Instant::now();
+        // One byte every 50 ms of a line that never ends; a request every 100 ms.
+        let mut trickle_w = trickle.try_clone().unwrap();
+        let trickler = std::thread::spawn(move || {
+            for _ in 0..40 {
+                if trickle_w.write_all(b" ").is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        for _ in 0..12 {
+            assert!(busy.report().is_ok(), "a working client was closed");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        for (name, s) in [("silent", &mut silent), ("trickling", &mut trickle)] {
+            let got = read_until_closed(s, Duration::from_secs(5))
+                .unwrap_or_else(|| panic!("the {name} client was not closed"));
+            assert!(got.contains("no request for 0.3 s"), "{name}: {got:?}");
+        }
+        assert!(started.elapsed() < Duration::from_secs(3));
+        trickler.join().unwrap();
+        wait_for(
+            "only the working client left",
+            Duration::from_secs(5),
+            || server.clients() == 1,
+        );
+    }
+
+    #[test]
+    fn a_client_that_never_reads_its_answers_is_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.sock");
+        let limits = Limits {
+            write: Duration::from_millis(200),
+            ..Limits::default()
+        };
+        let (c, _) = cached(None);
+        let server = ControlServer::start_with(&path, c, limits).unwrap();
+        let mut s = UnixStream::connect(&path).unwrap();
+        s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+        // Requests until the server stops reading them (its answers fill both buffers).
+        for _ in 0..10_000 {
+            if s.write_all(b"{\"op\":\"report\"}\n").is_err() {
+                break;
+            }
+        }
+        wait_for(
+            "the server to drop the client",
+            Duration::from_secs(10),
+            || server.clients() == 0,
+        );
     }
 }

@@ -1,10 +1,15 @@
 //! The cat-able stats file: `PATH` (`name value` lines) and `PATH.json` (the report), both
-//! replaced atomically (temp file + rename), so a reader never sees half a file.
+//! replaced atomically (temp file + rename), so a reader never sees half a file. They are
+//! mode 0644 whatever the umask (monitoring reads them; nobody else writes them), and written
+//! safely even in a directory other users can write (see `atomic_file`).
 
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::atomic_file::{replace, Durability};
+use crate::atomic_file::{create_dirs, replace, Durability, Perms};
+
+/// The stats files' mode.
+const MODE: u32 = 0o644;
 use crate::report::Report;
 
 pub struct StatsFile {
@@ -13,10 +18,10 @@ pub struct StatsFile {
 }
 
 impl StatsFile {
-    /// Files at `path` and `path.json`; the directory is created if missing.
+    /// Files at `path` and `path.json`; the directory is created (0755) if missing.
     pub fn create(path: &Path) -> io::Result<StatsFile> {
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)?;
+            create_dirs(dir)?;
         }
         let mut json = path.as_os_str().to_owned();
         json.push(".json");
@@ -36,14 +41,16 @@ impl StatsFile {
 
     /// Writes both files from one report, so their numbers agree.
     pub fn write(&self, report: &Report) -> io::Result<()> {
+        let perms = Perms::Fixed(MODE);
         replace(
             &self.text,
             report.to_stats_text().as_bytes(),
             Durability::Volatile,
+            perms,
         )?;
         let mut json = serde_json::to_vec_pretty(report).map_err(io::Error::other)?;
         json.push(b'\n');
-        replace(&self.json, &json, Durability::Volatile)
+        replace(&self.json, &json, Durability::Volatile, perms)
     }
 
     /// Removes both files (on shutdown: a file that stopped changing would mislead a monitor).

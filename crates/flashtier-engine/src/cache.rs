@@ -35,12 +35,55 @@ use crate::cleaner;
 use crate::engine::{self, Engine, OpenReport};
 use crate::guards::BusyRange;
 use crate::health::BackingOp;
+use crate::integrity::{self, IntegrityError, Verdict};
 use crate::layout::batch::Kind;
 use crate::layout::superblock::BackingIdentity;
 use crate::log::{Record, Writer};
 use crate::policy::{Mode, PromotionPolicy, ReclaimPolicy};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::EngineError;
+
+/// Why the cache's data is not whole (see `Status::integrity`).
+fn integrity_reason(
+    lost: &crate::lost::LostSet,
+    damage: &[crate::recover::Damage],
+) -> Option<String> {
+    let unknown: Vec<String> = damage
+        .iter()
+        .filter(|d| matches!(d, crate::recover::Damage::Unknown { .. }))
+        .map(ToString::to_string)
+        .collect();
+    let mut why = Vec::new();
+    if !lost.is_empty() {
+        let first: Vec<String> = lost
+            .ranges()
+            .take(8)
+            .map(|(f, n)| {
+                if n == 1 {
+                    format!("{f}")
+                } else {
+                    format!("{f}..{}", f + n - 1)
+                }
+            })
+            .collect();
+        why.push(format!(
+            "{} block(s) lost (their newest data failed its checksum; reads fail until rewritten              or `flashtier forget-lost`): blocks {}{}",
+            lost.blocks(),
+            first.join(", "),
+            if lost.range_count() > 8 { ", ..." } else { "" }
+        ));
+    }
+    why.extend(unknown);
+    (!why.is_empty()).then(|| why.join("; "))
+}
+
+/// The first lost block of `[first, first + n)`, if any.
+fn first_lost(st: &crate::state::State, first: u64, n: u64) -> Option<u64> {
+    if !st.lost.overlaps(first, n) {
+        return None;
+    }
+    (first..first + n).find(|&lba| st.lost.overlaps(lba, 1))
+}
 
 /// Promotion data waiting for the log beyond this is dropped rather than queued.
 const MAX_QUEUED_PROMOTION: u64 = 64 << 20;
@@ -95,14 +138,25 @@ pub struct Status {
     pub capacity_blocks: u64,
     pub index_bytes: usize,
     pub atomic_write_bytes: u32,
-    /// The cache device failed: the log refuses writes until restarted.
+    /// The cache device failed: the log refuses writes and flushes until it works again (the
+    /// log retries by itself).
     pub failed: bool,
+    /// Why the cache device failed, while `failed`.
+    pub cache_failure: Option<String>,
     /// Why the volume is degraded while the backing store fails (the last backing error, when,
     /// and how many write-back attempts failed in a row); `None` while it works. Dirty data is
     /// kept meanwhile and write-back is retried with backoff.
     pub backing_degraded: Option<String>,
     /// What the background cleaner is doing.
     pub writeback: crate::writeback::WritebackStatus,
+    /// Blocks whose newest data was lost (reads of them fail until they are written again or
+    /// the loss is acknowledged with [`Cache::forget_lost`]).
+    pub lost_blocks: u64,
+    /// Why the cache's data is not whole, when it is not: lost blocks, or records recovery
+    /// could not place. `None` while all is well.
+    pub integrity: Option<String>,
+    /// What recovery found damaged and repaired or reported when the cache was opened.
+    pub recovery: Vec<String>,
 }
 
 pub struct Cache {
@@ -242,12 +296,63 @@ impl Cache {
             cached_blocks: st.segs.total_live(),
             dirty_blocks: st.segs.total_dirty(),
             capacity_blocks: data_blocks,
-            index_bytes: st.index.memory_bytes(),
+            index_bytes: st.memory_bytes(),
             atomic_write_bytes: self.e.atomic_bytes,
             failed: self.e.log.failed(),
+            cache_failure: self.e.log.failure(),
             backing_degraded: self.e.backing_health.reason(),
             writeback: self.e.writeback_status.lock().clone(),
+            lost_blocks: st.lost.blocks(),
+            integrity: integrity_reason(&st.lost, &self.e.recovery_damage),
+            recovery: self
+                .e
+                .recovery_damage
+                .iter()
+                .map(|d| d.to_string())
+                .collect(),
         }
+    }
+
+    /// The lost blocks, as ranges `(first block, blocks)` in address order.
+    pub fn lost_ranges(&self) -> Vec<(u64, u64)> {
+        self.e.state.read().lost.ranges().collect()
+    }
+
+    /// Acknowledges lost blocks (all of them, or those within `range`, `(first block, blocks)`):
+    /// reads of them then return whatever the backing store holds, which is older than what was
+    /// lost. Returns how many blocks were forgotten.
+    pub fn forget_lost(&self, range: Option<(u64, u64)>) -> io::Result<u64> {
+        let e = &*self.e;
+        let forgotten = {
+            // No write is in flight: an INVALIDATE of a range a write just landed in would
+            // drop it.
+            let _no_writes = e.rmw.write();
+            let ranges: Vec<(u64, u64)> = {
+                let st = e.state.read();
+                st.lost
+                    .ranges()
+                    .filter_map(|(first, n)| match range {
+                        None => Some((first, n)),
+                        Some((from, len)) => {
+                            let (lo, hi) = (first.max(from), (first + n).min(from + len));
+                            (lo < hi).then_some((lo, hi - lo))
+                        }
+                    })
+                    .collect()
+            };
+            for &(first, n) in &ranges {
+                self.append_invalidate(first, n)?;
+            }
+            ranges.iter().map(|&(_, n)| n).sum::<u64>()
+        };
+        if forgotten > 0 {
+            e.log.sync(false)?;
+            tracing::warn!(
+                blocks = forgotten,
+                "lost blocks forgotten: they read the backing store's older data now"
+            );
+        }
+        Ok(forgotten)
     }
 
     /// Largest write that is all-or-nothing after a crash.
@@ -332,14 +437,21 @@ impl Cache {
         }
         let mut runs: Vec<(u64, Run)> = Vec::new();
         let mut pinned: Vec<u32> = Vec::new();
+        // The checksum each hit's slot was written with, in order.
+        let mut crcs: Vec<u32> = Vec::new();
         {
             let st = e.state.read();
+            if let Some(lba) = first_lost(&st, first, count) {
+                Stats::add(&e.stats.lost_reads, 1);
+                return Err(IntegrityError::Lost { lba }.into());
+            }
             let now = e.now_secs();
             for i in 0..count {
                 let lba = first + i;
                 match st.index.get(lba) {
                     Some(slot) => {
                         st.index.touch(slot);
+                        crcs.push(st.crcs[slot as usize]);
                         let seg = e.geo.segment_of(slot);
                         if pinned.last() != Some(&seg) {
                             st.segs.reader_enter(seg);
@@ -370,6 +482,7 @@ impl Cache {
             let buf = &mut out[start..start + n * bs];
             let r = match run {
                 Run::Hit { slot, .. } => {
+                    let crcs = &crcs[hits as usize..hits as usize + n];
                     hits += n as u64;
                     let r = e.cache.read_at(buf, e.geo.slot_offset(*slot));
                     if r.is_err() {
@@ -377,7 +490,7 @@ impl Cache {
                     }
                     Stats::add(&e.stats.cache_reads, 1);
                     Stats::add(&e.stats.cache_read_bytes, buf.len() as u64);
-                    r
+                    r.and_then(|()| self.check_hits(first + at, *slot, crcs, buf, promote))
                 }
                 Run::Miss { .. } => self.read_miss(first + at, n as u64, buf, promote),
             };
@@ -394,6 +507,36 @@ impl Cache {
         }
         Stats::add(&e.stats.read_hit_blocks, hits);
         result
+    }
+
+    /// Checks a run of hits read from `slot..` into `buf` (blocks from `lba`) against their
+    /// checksums (their segments are still pinned). A block that fails is read again, from the
+    /// backing store if it was clean; a dirty one fails the read (see `integrity`).
+    fn check_hits(
+        &self,
+        lba: u64,
+        slot: u32,
+        crcs: &[u32],
+        buf: &mut [u8],
+        promote: Promote,
+    ) -> io::Result<()> {
+        let e = &*self.e;
+        let bs = self.block_size() as usize;
+        for (i, (block, &crc)) in buf.chunks_mut(bs).zip(crcs).enumerate() {
+            if integrity::intact(block, crc) {
+                continue;
+            }
+            let (lba, slot) = (lba + i as u64, slot + i as u32);
+            match integrity::bad_block(e, lba, slot, crc, block) {
+                Verdict::Repaired => {}
+                Verdict::Dropped | Verdict::Moved => self.read_blocks(lba, 1, block, promote)?,
+                Verdict::Lost => {
+                    Stats::add(&e.stats.lost_reads, 1);
+                    return Err(IntegrityError::Lost { lba }.into());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Reads blocks from the backing store and queues the promotion of those `promote` allows.
@@ -610,7 +753,14 @@ impl Cache {
         let records = self.log_blocks(lba, data, true)?;
         let blocks = self.written_blocks(&records);
         e.log.sync(false)?;
-        self.backing_write(data, lba * bs, fua, Some(&mut busy))?;
+        if let Err(err) = self.backing_write(data, lba * bs, fua, Some(&mut busy)) {
+            // The client is told this write failed, so the cache must not keep it (and write
+            // it back later) as if it had worked: reads go to the backing store again.
+            if let Err(inv) = self.invalidate(lba, data.len() as u64 / bs) {
+                tracing::error!(lba, error = %inv, "cannot drop a failed write-through write");
+            }
+            return Err(err);
+        }
         if fua {
             cleaner::mark_clean(e, &blocks.0, &blocks.1);
         } else {
@@ -933,6 +1083,13 @@ impl Cache {
         let tail = self.uncached_tail();
         let end = offset + buf.len() as u64;
         if self.mode() == Mode::PassThrough || offset >= tail {
+            // The backing store's copy of a lost block is older than what was lost.
+            let bs = self.block_size();
+            let lost = first_lost(&e.state.read(), offset / bs, end.div_ceil(bs) - offset / bs);
+            if let Some(lba) = lost {
+                Stats::add(&e.stats.lost_reads, 1);
+                return Err(IntegrityError::Lost { lba }.into());
+            }
             Stats::add(&e.stats.backing_reads, 1);
             Stats::add(&e.stats.backing_read_bytes, buf.len() as u64);
             return self.backing_read(buf, offset);

@@ -39,6 +39,7 @@ use parking_lot::Mutex;
 
 use crate::engine::Engine;
 use crate::health::BackingOp;
+use crate::integrity::{self, Verdict};
 use crate::layout::batch::Kind;
 use crate::log::Record;
 use crate::state::State;
@@ -178,16 +179,22 @@ fn write_back(
                 Some(b) if b.len() >= len => b,
                 b => b.insert(AlignedBuf::zeroed(len)),
             };
-            let result = read_slots(e, run, &mut buf[..len]).and_then(|()| {
-                e.backing
-                    .write_at(&buf[..len], run[0].lba * bs, false)
-                    .inspect_err(|err| e.backing_failed(BackingOp::Write, err))
+            // Blocks that failed their checksum are not written back (a dirty one is lost now:
+            // the backing store keeps its older copy, which reads never return).
+            let result = read_slots(e, run, &mut buf[..len]).and_then(|good| {
+                for part in good_stretches(&good) {
+                    let bytes = &buf[part.start * bs as usize..part.end * bs as usize];
+                    e.backing
+                        .write_at(bytes, run[part.start].lba * bs, false)
+                        .inspect_err(|err| e.backing_failed(BackingOp::Write, err))?;
+                    Stats::add(&e.stats.backing_writes, 1);
+                    Stats::add(&e.stats.backing_write_bytes, bytes.len() as u64);
+                    Stats::add(&e.stats.cleaner_writes, 1);
+                }
+                Ok(())
             });
             match result {
                 Ok(()) => {
-                    Stats::add(&e.stats.backing_writes, 1);
-                    Stats::add(&e.stats.backing_write_bytes, len as u64);
-                    Stats::add(&e.stats.cleaner_writes, 1);
                     done[k].store(true, Ordering::Release);
                 }
                 Err(err) => {
@@ -231,6 +238,24 @@ fn write_back(
     Ok(written.len() as u64)
 }
 
+/// The ranges of consecutive `true`s in `good`.
+fn good_stretches(good: &[bool]) -> Vec<Range<usize>> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < good.len() {
+        if !good[i] {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < good.len() && good[i] {
+            i += 1;
+        }
+        out.push(start..i);
+    }
+    out
+}
+
 /// The generation of each block's segment, to pass to [`mark_clean`] later.
 pub(crate) fn generations_of(e: &Engine, st: &State, blocks: &[DirtyBlock]) -> Vec<u64> {
     blocks
@@ -272,28 +297,39 @@ pub(crate) fn mark_clean(e: &Engine, blocks: &[DirtyBlock], generations: &[u64])
     }
 }
 
-/// Reads the blocks of `run` (consecutive addresses, slots anywhere) into `buf`, one device read
-/// per stretch of consecutive slots. The segments are pinned while they are read.
-pub(crate) fn read_slots(e: &Engine, run: &[DirtyBlock], buf: &mut [u8]) -> io::Result<()> {
+/// Reads the blocks of `run` (slots anywhere) into `buf`, one device read per stretch of
+/// consecutive slots, and checks each against its checksum (see `integrity`). The segments are
+/// pinned while they are read. Returns, per block, whether it holds good data: a block that
+/// failed (dropped, lost, or moved on meanwhile) must not be written back or copied.
+pub(crate) fn read_slots(e: &Engine, run: &[DirtyBlock], buf: &mut [u8]) -> io::Result<Vec<bool>> {
     let bs = e.geo.block_size as usize;
+    let mut good = Vec::with_capacity(run.len());
     let mut i = 0;
     while i < run.len() {
         let mut j = i + 1;
         while j < run.len() && run[j].slot == run[j - 1].slot + 1 {
             j += 1;
         }
-        let segs: Vec<u32> = {
+        let (segs, crcs) = {
             let st = e.state.read();
             let mut v: Vec<u32> = run[i..j].iter().map(|b| e.geo.segment_of(b.slot)).collect();
             v.dedup();
             for &s in &v {
                 st.segs.reader_enter(s);
             }
-            v
+            let crcs: Vec<u32> = run[i..j].iter().map(|b| st.crcs[b.slot as usize]).collect();
+            (v, crcs)
         };
-        let result = e
-            .cache
-            .read_at(&mut buf[i * bs..j * bs], e.geo.slot_offset(run[i].slot));
+        let part = &mut buf[i * bs..j * bs];
+        let result = e.cache.read_at(part, e.geo.slot_offset(run[i].slot));
+        if result.is_ok() {
+            for ((block, b), crc) in part.chunks_mut(bs).zip(&run[i..j]).zip(crcs) {
+                good.push(
+                    integrity::intact(block, crc)
+                        || integrity::bad_block(e, b.lba, b.slot, crc, block) == Verdict::Repaired,
+                );
+            }
+        }
         {
             let st = e.state.read();
             for &s in &segs {
@@ -305,7 +341,7 @@ pub(crate) fn read_slots(e: &Engine, run: &[DirtyBlock], buf: &mut [u8]) -> io::
         Stats::add(&e.stats.cache_read_bytes, ((j - i) * bs) as u64);
         i = j;
     }
-    Ok(())
+    Ok(good)
 }
 
 /// Passes over what stayed dirty after a full write-back, at most: see [`write_back_all`].

@@ -25,6 +25,14 @@ pub enum ReleaseError {
         dirty_blocks * *block_size as u64
     )]
     Dirty { dirty_blocks: u64, block_size: u32 },
+    /// Nothing changed: serving the backing store directly would return older data for blocks
+    /// whose newest version the cache lost.
+    #[error(
+        "{lost_blocks} block(s) are lost (their newest data failed its checksum in the cache); \
+         the backing store holds older data for them. Rewrite them or acknowledge the loss with \
+         `flashtier forget-lost`, or discard"
+    )]
+    Lost { lost_blocks: u64 },
     /// The cache is closed; the device may still hold the old cache (see the error).
     #[error(transparent)]
     Engine(#[from] EngineError),
@@ -59,11 +67,17 @@ impl Cache {
             // No write can make a block dirty while this is held (writes hold it shared, and
             // decide what to do by the mode while they hold it).
             let _no_writes = e.rmw.write();
-            let dirty = self.status().dirty_blocks;
+            let status = self.status();
+            let dirty = status.dirty_blocks;
             if dirty > 0 && !discard_dirty {
                 return Err(ReleaseError::Dirty {
                     dirty_blocks: dirty,
                     block_size: e.geo.block_size,
+                });
+            }
+            if status.lost_blocks > 0 && !discard_dirty {
+                return Err(ReleaseError::Lost {
+                    lost_blocks: status.lost_blocks,
                 });
             }
             e.set_mode_flag(Mode::PassThrough);

@@ -9,7 +9,6 @@ use parking_lot::{Condvar, Mutex, RwLock};
 
 use crate::guards::Guards;
 use crate::health::{BackingHealth, BackingOp};
-use crate::layout::batch::BatchHeader;
 use crate::layout::checkpoint::Checkpoint;
 use crate::layout::superblock::{BackingIdentity, Superblock};
 use crate::layout::Geometry;
@@ -79,6 +78,8 @@ pub struct Engine {
     /// Set when the cleaner stops: cancels its pass in progress.
     pub(crate) writeback_stop: AtomicBool,
     pub(crate) writeback_status: Mutex<crate::writeback::WritebackStatus>,
+    /// What recovery found damaged when this cache was opened.
+    pub(crate) recovery_damage: Vec<crate::recover::Damage>,
 }
 
 #[derive(Default)]
@@ -198,6 +199,7 @@ pub fn format(
         open: None,
         free: (0..geometry.segment_count).collect(),
         entries: Vec::new(),
+        lost: Vec::new(),
     };
     let bytes = empty.encode();
     let mut buf = AlignedBuf::zeroed(bytes.len());
@@ -249,6 +251,12 @@ pub struct OpenReport {
     pub recovery_time: Duration,
     pub cached_blocks: u64,
     pub dirty_blocks: u64,
+    /// What recovery found damaged, and how it handled it (empty when all was well).
+    pub damage: Vec<crate::recover::Damage>,
+    /// Blocks whose newest data is lost (reads fail until they are written again).
+    pub lost_blocks: u64,
+    /// Segments recovery found the log in by scanning the device (see `recover`).
+    pub segments_found_by_scan: u64,
 }
 
 /// Where the log writer starts after opening.
@@ -257,6 +265,12 @@ pub(crate) struct LogStart {
     pub replayed_blocks: u64,
     pub epoch: u64,
     pub checkpoint_number: u64,
+    /// The own half of the log's last header, which the next header carries a copy of.
+    pub last_header: Box<[u8; crate::layout::batch::OWN_LEN]>,
+    /// Recovery repaired something in memory: a checkpoint makes it durable at once.
+    pub checkpoint_now: bool,
+    /// This cache's log id (see `layout::batch::log_id`).
+    pub log_id: u64,
 }
 
 /// Reads the superblock, checks it belongs to `backing`, recovers, and marks the cache in use
@@ -267,20 +281,18 @@ pub(crate) fn open_engine(
     identity: &BackingIdentity,
     mode: Option<Mode>,
 ) -> Result<(Arc<Engine>, LogStart, OpenReport), EngineError> {
-    let sb = recover::read_superblock(&*cache)?;
-    if sb.backing != *identity {
+    let (sb, sb_damage) = recover::read_superblock_checked(&*cache)?;
+    // The device itself has the last word on its size.
+    let real = BackingIdentity {
+        size: backing.info().size,
+        ..identity.clone()
+    };
+    let check = sb.backing.check(&real);
+    if !check.mismatches.is_empty() {
         return Err(EngineError::WrongBacking {
-            expected: sb.backing.clone(),
-            found: identity.clone(),
-        });
-    }
-    if backing.info().size != sb.backing.size {
-        return Err(EngineError::WrongBacking {
-            expected: sb.backing.clone(),
-            found: BackingIdentity {
-                size: backing.info().size,
-                name: identity.name.clone(),
-            },
+            expected: Box::new(sb.backing.clone()),
+            found: Box::new(real),
+            mismatches: check.mismatches,
         });
     }
     if cache.info().read_only {
@@ -290,18 +302,43 @@ pub(crate) fn open_engine(
     // process) becomes durable now: promotions may cache it, and a FLUSH after this open need
     // not know what was written before it.
     backing.flush().map_err(EngineError::BackingIo)?;
-    let recovered = recover::recover(&*cache, &sb)?;
+    let mut recovered = recover::recover(&*cache, &sb)?;
     let geo = sb.geometry;
+    let mut damage = sb_damage;
+    damage.append(&mut recovered.damage);
+    for d in &damage {
+        if d.loses_data() {
+            tracing::error!("recovery: {d}");
+        } else {
+            tracing::warn!("recovery: {d}");
+        }
+    }
 
     // From here on the device changes: repair a torn tail, then start a new epoch.
     if let Some((offset, header)) = &recovered.truncate_batch {
-        rewrite_header(&*cache, sb.geometry.block_size, *offset, header)
+        cache
+            .write_at(header, *offset, false)
+            .and_then(|()| cache.flush())
             .map_err(EngineError::CacheIo)?;
     }
     let mut new_sb = sb.clone();
+    if !check.changes.is_empty() {
+        let changes: Vec<String> = check.changes.iter().map(ToString::to_string).collect();
+        tracing::warn!(
+            "the backing store changed in ways that leave it the same store: {} (recorded)",
+            changes.join("; ")
+        );
+        new_sb.backing = real;
+    }
     new_sb.generation += 1;
-    new_sb.epoch = sb.epoch.max(recovered.epoch) + 1;
+    // A damaged superblock copy may have been the newer one, whose epoch (one more than the
+    // other's, at most) some batches may carry: never reuse it.
+    let lost_epoch = damage
+        .iter()
+        .any(|d| matches!(d, recover::Damage::SuperblockCopy { .. })) as u64;
+    new_sb.epoch = (sb.epoch + lost_epoch).max(recovered.epoch) + 1;
     new_sb.clean_shutdown = false;
+    // Written to the copy the chosen one is not: this repairs a damaged copy.
     recover::write_superblock(&*cache, &new_sb).map_err(EngineError::CacheIo)?;
 
     let report = {
@@ -314,6 +351,9 @@ pub(crate) fn open_engine(
             recovery_time: recovered.elapsed,
             cached_blocks: st.segs.total_live(),
             dirty_blocks: st.segs.total_dirty(),
+            damage: damage.clone(),
+            lost_blocks: st.lost.blocks(),
+            segments_found_by_scan: recovered.segments_found_by_scan,
         }
     };
     let atomic_bytes = MAX_ATOMIC_WRITE.min((geo.blocks_per_segment() - 2) * geo.block_size);
@@ -349,26 +389,28 @@ pub(crate) fn open_engine(
         writeback_cv: Condvar::new(),
         writeback_stop: AtomicBool::new(false),
         writeback_status: Mutex::new(Default::default()),
+        recovery_damage: damage,
     };
+    let engine_damage_empty = engine.recovery_damage.is_empty();
+    let lost_at_open: u64 = engine
+        .recovery_damage
+        .iter()
+        .map(|d| match d {
+            recover::Damage::Record { blocks, .. } => *blocks as u64,
+            _ => 0,
+        })
+        .sum();
+    Stats::add(&engine.stats.lost_blocks, lost_at_open);
     let start = LogStart {
         next_seq: recovered.next_seq,
         replayed_blocks: recovered.replayed_blocks,
         epoch: new_sb.epoch,
         checkpoint_number: recovered.checkpoint_number,
+        last_header: recovered.last_header,
+        log_id: crate::layout::batch::log_id(&new_sb.uuid),
+        checkpoint_now: !engine_damage_empty,
     };
     Ok((Arc::new(engine), start, report))
-}
-
-fn rewrite_header(
-    dev: &dyn BlockDev,
-    block_size: u32,
-    offset: u64,
-    header: &BatchHeader,
-) -> std::io::Result<()> {
-    let mut buf = AlignedBuf::zeroed(block_size as usize);
-    header.encode(&mut buf);
-    dev.write_at(&buf, offset, false)?;
-    dev.flush()
 }
 
 /// Flushes the backing store; afterwards promotions may cache what it holds.

@@ -32,6 +32,7 @@
 //! [`reclaim`], [`writeback`] (the background cleaner and its controller), [`guards`] (keeping promotions from caching stale data), [`policy`] (modes,
 //! sequential stream detection, n-hit admission), [`stats`], [`tunables`] (the live parameters).
 
+pub mod adopt;
 pub mod cache;
 pub mod cleaner;
 pub mod detach;
@@ -39,11 +40,15 @@ pub mod engine;
 pub mod guards;
 pub mod health;
 pub mod index;
+pub mod integrity;
 pub mod layout;
 pub mod log;
+pub mod lost;
 pub mod policy;
 pub mod reclaim;
 pub mod recover;
+pub mod scan;
+pub mod scrub;
 pub mod segments;
 pub mod state;
 pub mod stats;
@@ -53,9 +58,13 @@ pub mod writeback;
 pub use cache::{Cache, Status};
 pub use detach::{ReleaseError, Released};
 pub use engine::{format, FormatOptions, OpenReport, DEFAULT_BLOCK_SIZE, DEFAULT_SEGMENT_SIZE};
-pub use layout::superblock::{BackingIdentity, Superblock};
+pub use integrity::IntegrityError;
+pub use layout::superblock::{
+    BackingIdentity, FieldDiff, IdentityCheck, IdentityField, Superblock,
+};
 pub use policy::{Mode, PromotionPolicy, ReclaimPolicy};
-pub use recover::read_superblock;
+pub use recover::{read_superblock, Damage};
+pub use scrub::{ScrubProgress, ScrubReport};
 pub use stats::StatsSnapshot;
 pub use tunables::{ParamError, ParamInfo, PARAMS};
 pub use writeback::WritebackStatus;
@@ -79,13 +88,32 @@ pub enum EngineError {
     #[error(transparent)]
     Format(#[from] FormatError),
     #[error(
-        "this cache belongs to backing store '{}' ({} bytes), not '{}' ({} bytes); \
-         use the backing store it was formatted for, or format it again",
-        expected.name, expected.size, found.name, found.size
+        "this cache belongs to backing store '{}' ({} bytes), and '{}' is another one ({}); \
+         use the backing store it was formatted for, or, if this one deliberately replaces it, \
+         `serve --accept-new-backing` (the cache then starts empty)",
+        expected.name, expected.size, found.name,
+        mismatches.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
     )]
     WrongBacking {
-        expected: BackingIdentity,
-        found: BackingIdentity,
+        expected: Box<BackingIdentity>,
+        found: Box<BackingIdentity>,
+        /// Each required fact that differs, expected vs found.
+        mismatches: Vec<FieldDiff>,
+    },
+    #[error(
+        "the cache holds {} of its old backing store '{backing}' not written back yet; \
+         write it back to that store first (serve it, then `flashtier flush`), or pass \
+         --discard-dirty to lose it",
+        match dirty_blocks {
+            Some(n) => format!("{n} dirty blocks ({} bytes)", n * *block_size as u64),
+            None => "dirty data (how much cannot be told: its log does not recover)".to_string(),
+        }
+    )]
+    DirtyData {
+        backing: String,
+        /// None: the cache does not recover, so it may hold any amount.
+        dirty_blocks: Option<u64>,
+        block_size: u32,
     },
     #[error("{0}")]
     Invalid(String),

@@ -15,6 +15,13 @@
 //! recovery never stops in front of later, successful batches; if even that fails, or a sync
 //! fails, the log enters a failed state and refuses further appends and syncs (a failed
 //! `fdatasync` may have lost data, so pretending otherwise would break the durability contract).
+//!
+//! A failed log recovers without a restart once the device works again (space freed, a path back):
+//! the writer retries with backoff. A retry syncs the device, writes the seal it owes (if any),
+//! reads back every block written since the last good sync and checks it (the failed sync may
+//! have lost some: clean ones are dropped, dirty ones marked lost, never served from a copy that
+//! is not there), and writes a checkpoint, which makes the in-memory index durable and puts the
+//! doubtful stretch of log behind it. Only then are appends and syncs accepted again.
 
 use std::collections::VecDeque;
 use std::io;
@@ -26,7 +33,7 @@ use flashtier_io::AlignedBuf;
 use parking_lot::{Condvar, Mutex};
 
 use crate::engine::Engine;
-use crate::layout::batch::{self, BatchHeader, Entry, Kind};
+use crate::layout::batch::{self, BatchHeader, Entry, HeaderKind, Kind, OWN_LEN};
 use crate::layout::checkpoint::{Checkpoint, CheckpointEntry, LogHead};
 use crate::segments::Head;
 use crate::stats::Stats;
@@ -46,6 +53,12 @@ const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(30);
 const LINGER: Duration = Duration::from_millis(20);
 /// ... but no longer than it takes to gather this many data blocks.
 const LINGER_BLOCKS: u32 = 64;
+/// After a sync, the writer waits this long for more work before it writes a note (see
+/// `Writer::write_note`): under load the next batch carries the news anyway.
+const NOTE_DELAY: Duration = Duration::from_millis(10);
+/// A failed log retries after this long, doubling up to `MAX_RETRY`.
+const FIRST_RETRY: Duration = Duration::from_millis(100);
+const MAX_RETRY: Duration = Duration::from_secs(5);
 
 /// A record to append.
 pub struct Record {
@@ -56,15 +69,23 @@ pub struct Record {
     pub aux: u64,
     /// `nblocks` blocks for WRITE, PROMOTE and MOVE.
     pub data: Option<AlignedBuf>,
+    /// CRC32C of each data block (what reads of the blocks are checked against), and of the
+    /// whole record (what recovery checks).
+    block_crcs: Vec<u32>,
     crc: u32,
     /// PROMOTE: the guard clock when the backing store was read (see `guards`).
     pub promote_since: Option<u64>,
 }
 
 impl Record {
+    /// A record; its data (if any) is checksummed here, on the caller's thread, so many
+    /// writers share the cost.
     pub fn new(kind: Kind, lba: u64, nblocks: u32, data: Option<AlignedBuf>) -> Record {
-        // Checksummed on the caller's thread, so many writers share the cost.
-        let crc = data.as_deref().map_or(0, batch::data_crc);
+        let block_crcs = match &data {
+            Some(d) => batch::block_crcs(d, d.len() / nblocks.max(1) as usize),
+            None => Vec::new(),
+        };
+        let crc = batch::combine_crcs(&block_crcs, data.as_ref().map_or(0, |d| d.len()));
         Record {
             kind,
             dirty: false,
@@ -72,6 +93,7 @@ impl Record {
             nblocks,
             aux: 0,
             data,
+            block_crcs,
             crc,
             promote_since: None,
         }
@@ -182,6 +204,8 @@ pub struct Log {
     queue: Mutex<Queue>,
     work: Condvar,
     failed: AtomicBool,
+    /// Why the log failed, and since when (while `failed`).
+    failure: Mutex<Option<(String, Instant)>>,
     /// Sequence number of the last record applied (0: none yet).
     pub applied_seq: AtomicU64,
     /// Promotion data queued but not yet written, to bound memory.
@@ -212,7 +236,8 @@ impl Log {
     fn check_failed(&self) -> io::Result<()> {
         if self.failed.load(Ordering::Acquire) {
             return Err(io::Error::other(
-                "the cache device failed earlier; the cache refuses writes until restarted",
+                "the cache device failed; the cache refuses writes and flushes until it works \
+                 again (retrying)",
             ));
         }
         Ok(())
@@ -220,6 +245,19 @@ impl Log {
 
     pub fn failed(&self) -> bool {
         self.failed.load(Ordering::Acquire)
+    }
+
+    /// Why the log failed and how long ago, while it is failed.
+    pub fn failure(&self) -> Option<String> {
+        if !self.failed() {
+            return None;
+        }
+        let f = self.failure.lock().clone()?;
+        Some(format!(
+            "{} ({:.1} s ago; retrying, writes resume once the device works again)",
+            f.0,
+            f.1.elapsed().as_secs_f64()
+        ))
     }
 
     /// Appends a record and waits until it is written and applied.
@@ -286,6 +324,22 @@ pub struct Writer {
     header: AlignedBuf,
     client_pending: VecDeque<Op>,
     client_blocked: bool,
+    /// Every record numbered below this was synced to the cache device.
+    durable: u64,
+    /// The `durable` the last header written carried: a note is due while this lags.
+    durable_told: u64,
+    /// The own half of the last batch or seal header written (zeroes: none), which the next
+    /// header carries a copy of.
+    prev_own: Box<[u8; OWN_LEN]>,
+    /// This cache's log id, in every header.
+    log_id: u64,
+    /// Data slots written since the last good sync, as `(first slot, count)`: after a failed
+    /// sync, these are what must be read back and checked before the log goes on.
+    unsynced: Vec<(u32, u32)>,
+    /// A seal the log owes: a failed batch lies at this head, and sealing over it failed too.
+    owed_seal: Option<Head>,
+    /// How long to wait before the next retry while failed.
+    retry: Duration,
     last_checkpoint: Instant,
     checkpointed_seq: u64,
     /// Log blocks written since the last checkpoint: replay reads at most this much.
@@ -320,6 +374,11 @@ impl Batch {
 impl Writer {
     pub(crate) fn new(e: Arc<Engine>, start: &crate::engine::LogStart) -> Writer {
         let bs = e.geo.block_size as usize;
+        if start.checkpoint_now {
+            // What recovery repaired (lost blocks, a damaged checkpoint slot) made durable now,
+            // not at the next checkpoint the log's movement would bring.
+            e.log.request_checkpoint();
+        }
         Writer {
             e,
             next_seq: start.next_seq,
@@ -328,6 +387,14 @@ impl Writer {
             header: AlignedBuf::zeroed(bs),
             client_pending: VecDeque::new(),
             client_blocked: false,
+            // Opening synced what recovery found, so all of it is durable.
+            durable: start.next_seq,
+            durable_told: start.next_seq,
+            prev_own: start.last_header.clone(),
+            log_id: start.log_id,
+            unsynced: Vec::new(),
+            owed_seal: None,
+            retry: FIRST_RETRY,
             last_checkpoint: Instant::now(),
             // What recovery replayed is still behind the last checkpoint.
             checkpointed_seq: if start.replayed_blocks > 0 {
@@ -352,7 +419,7 @@ impl Writer {
 
     fn run(mut self) {
         loop {
-            let (system, stop) = {
+            let round = {
                 let log = &self.e.log;
                 let mut q = log.queue.lock();
                 loop {
@@ -378,18 +445,54 @@ impl Writer {
                         q.system.push_back(Op::Checkpoint(None));
                         break;
                     }
+                    if log.failed() && !q.stop {
+                        if log.work.wait_for(&mut q, self.retry).timed_out()
+                            && q.system.is_empty()
+                            && q.client.is_empty()
+                        {
+                            break;
+                        }
+                        continue;
+                    }
+                    if self.note_due() {
+                        if log.work.wait_for(&mut q, NOTE_DELAY).timed_out()
+                            && q.system.is_empty()
+                            && q.client.is_empty()
+                            && !q.stop
+                        {
+                            break;
+                        }
+                        continue;
+                    }
                     log.work.wait_for(&mut q, Duration::from_secs(1));
                 }
-                if !q.stop && only_unawaited(&q, &self.client_pending) {
-                    let deadline = Instant::now() + LINGER;
-                    while !q.stop
-                        && only_unawaited(&q, &self.client_pending)
-                        && unawaited_blocks(&q) < LINGER_BLOCKS
-                        && !log.work.wait_until(&mut q, deadline).timed_out()
-                    {}
+                let idle = q.system.is_empty()
+                    && q.client.is_empty()
+                    && !q.stop
+                    && (self.client_blocked || self.client_pending.is_empty());
+                if idle && (self.note_due() || log.failed()) {
+                    None
+                } else {
+                    if !q.stop && only_unawaited(&q, &self.client_pending) {
+                        let deadline = Instant::now() + LINGER;
+                        while !q.stop
+                            && only_unawaited(&q, &self.client_pending)
+                            && unawaited_blocks(&q) < LINGER_BLOCKS
+                            && !log.work.wait_until(&mut q, deadline).timed_out()
+                        {
+                        }
+                    }
+                    self.client_pending.extend(q.client.drain(..));
+                    Some((q.system.drain(..).collect::<Vec<_>>(), q.stop))
                 }
-                self.client_pending.extend(q.client.drain(..));
-                (q.system.drain(..).collect::<Vec<_>>(), q.stop)
+            };
+            let Some((system, stop)) = round else {
+                if self.log().failed() {
+                    self.try_recover();
+                } else {
+                    self.write_note();
+                }
+                continue;
             };
             let mut wants_sync = Vec::new();
             let mut wants_checkpoint = Vec::new();
@@ -578,10 +681,12 @@ impl Writer {
         let header = BatchHeader {
             seq_first: self.next_seq,
             epoch: self.epoch,
-            seal: false,
+            kind: HeaderKind::Batch,
+            durable: self.durable,
+            log: self.log_id,
             entries: batch.recs.iter().map(|(r, _)| r.entry()).collect(),
         };
-        header.encode(&mut self.header);
+        header.encode(&self.prev_own[..], &mut self.header);
         let first_slot = geo.first_slot(head.segment) + head.used;
         let mut iov: Vec<&[u8]> = Vec::with_capacity(1 + batch.recs.len());
         iov.push(&self.header);
@@ -605,6 +710,10 @@ impl Writer {
             }
             return Ok(());
         }
+        self.header_written();
+        if batch.data_blocks > 0 {
+            self.unsynced.push((first_slot + 1, batch.data_blocks));
+        }
         let bytes = needed as u64 * geo.block_size as u64;
         self.blocks_since_checkpoint += needed as u64;
         Stats::add(&self.e.stats.cache_writes, 1);
@@ -617,7 +726,7 @@ impl Writer {
                 .note_written(head.segment, head.used, self.e.now_secs());
             let mut slot = first_slot + 1;
             for (r, _) in &batch.recs {
-                st.apply(&r.entry(), slot);
+                st.apply(&r.entry(), slot, &r.block_crcs);
                 slot += r.data_blocks();
             }
             if let Some(h) = st.segs.head.as_mut() {
@@ -677,14 +786,22 @@ impl Writer {
         }
     }
 
+    /// This header (in `self.header`) is on the device: the next one carries a copy of it.
+    fn header_written(&mut self) {
+        self.prev_own.copy_from_slice(&self.header[..OWN_LEN]);
+        self.durable_told = self.durable;
+    }
+
     fn write_seal(&mut self, h: Head) -> io::Result<()> {
         BatchHeader {
             seq_first: self.next_seq,
             epoch: self.epoch,
-            seal: true,
+            kind: HeaderKind::Seal,
+            durable: self.durable,
+            log: self.log_id,
             entries: Vec::new(),
         }
-        .encode(&mut self.header);
+        .encode(&self.prev_own[..], &mut self.header);
         let slot = self.e.geo.first_slot(h.segment) + h.used;
         let result = self
             .e
@@ -692,6 +809,7 @@ impl Writer {
             .write_at(&self.header, self.e.geo.slot_offset(slot), false);
         match &result {
             Ok(()) => {
+                self.header_written();
                 Stats::add(&self.e.stats.cache_writes, 1);
                 Stats::add(&self.e.stats.cache_write_bytes, self.header.len() as u64)
             }
@@ -708,30 +826,154 @@ impl Writer {
     fn abandon_segment_after_failure(&mut self, head: Head) {
         if self.write_seal(head).is_ok() {
             self.e.state.write().segs.seal_head();
+        } else {
+            self.owed_seal = Some(head);
         }
     }
 
     fn fail(&self, why: &str) {
-        if !self.log().failed.swap(true, Ordering::AcqRel) {
-            tracing::error!("cache log failed: {why}; writes and flushes now fail with EIO");
+        let log = self.log();
+        *log.failure.lock() = Some((why.to_string(), Instant::now()));
+        if !log.failed.swap(true, Ordering::AcqRel) {
+            tracing::error!(
+                "cache log failed: {why}; writes and flushes fail with EIO until the device works \
+                 again"
+            );
         }
+    }
+
+    /// Tries to bring a failed log back (see the module documentation); on failure the log
+    /// stays failed and the next try comes after a longer wait.
+    fn try_recover(&mut self) {
+        // Appends queue up meanwhile and are handled after this (failed again if it fails).
+        self.log().failed.store(false, Ordering::Release);
+        match self.recover_log() {
+            Ok(()) => {
+                self.retry = FIRST_RETRY;
+                *self.log().failure.lock() = None;
+                Stats::add(&self.e.stats.log_recoveries, 1);
+                tracing::warn!("the cache device works again: the cache log resumed");
+            }
+            Err(e) => {
+                self.fail(&format!("cache device still failing: {e}"));
+                self.retry = (self.retry * 2).min(MAX_RETRY);
+            }
+        }
+    }
+
+    fn recover_log(&mut self) -> io::Result<()> {
+        self.e.cache.flush()?;
+        if let Some(head) = self.owed_seal {
+            self.write_seal(head)?;
+            self.e.state.write().segs.seal_head();
+            self.owed_seal = None;
+        }
+        // What the failed sync may have lost: read it back now that a sync worked.
+        for (first, count) in std::mem::take(&mut self.unsynced) {
+            self.check_written(first, count)?;
+        }
+        self.write_checkpoint_now()
+    }
+
+    /// Reads back `count` slots from `first` (one segment's) and checks every block still
+    /// mapped there against its checksum; what fails is handled like any damaged block.
+    fn check_written(&mut self, first: u32, count: u32) -> io::Result<()> {
+        let e = &self.e;
+        let bs = e.geo.block_size as usize;
+        let seg = e.geo.segment_of(first);
+        let expected: Vec<Option<(u64, u32)>> = {
+            let st = e.state.read();
+            st.segs.reader_enter(seg);
+            (first..first + count)
+                .map(|s| st.index.slot(s).map(|i| (i.lba, st.crcs[s as usize])))
+                .collect()
+        };
+        let mut data = AlignedBuf::zeroed(count as usize * bs);
+        let read = e.cache.read_at(&mut data, e.geo.slot_offset(first));
+        if read.is_ok() {
+            for (i, (block, want)) in data.chunks_mut(bs).zip(expected).enumerate() {
+                if let Some((lba, crc)) = want {
+                    if !crate::integrity::intact(block, crc) {
+                        crate::integrity::bad_block(e, lba, first + i as u32, crc, block);
+                    }
+                }
+            }
+        }
+        e.state.read().segs.reader_exit(seg);
+        read
     }
 
     fn sync_device(&mut self) -> io::Result<()> {
         self.log().check_failed()?;
         let result = self.e.cache.flush();
         Stats::add(&self.e.stats.cache_syncs, 1);
-        if let Err(e) = &result {
-            Stats::add(&self.e.stats.cache_errors, 1);
-            self.fail(&format!("cache device sync failed: {e}"));
+        match &result {
+            // Every batch is written before the sync that follows it is issued.
+            Ok(()) => {
+                self.durable = self.next_seq;
+                self.unsynced.clear();
+            }
+            Err(e) => {
+                Stats::add(&self.e.stats.cache_errors, 1);
+                self.fail(&format!("cache device sync failed: {e}"));
+            }
         }
         result
+    }
+
+    /// A sync made records durable that no header on the device vouches for yet.
+    fn note_due(&self) -> bool {
+        self.durable > self.durable_told && !self.log().failed()
+    }
+
+    /// Writes a note at the log head: no records, just how far the log is durable, so that
+    /// recovery can tell damage to the last synced batches (which lose only the damaged records)
+    /// from a crash tearing unsynced ones (where the log simply ends). Under load the next
+    /// batch's header says the same; the note covers the writer going idle. It is not synced,
+    /// and the next batch overwrites it (the log does not move).
+    fn write_note(&mut self) {
+        let head = self.e.state.read().segs.head;
+        let Some(h) = head.filter(|h| h.used < self.e.geo.blocks_per_segment()) else {
+            // No room at the head: the next batch starts a new segment, and says it there.
+            self.durable_told = self.durable;
+            return;
+        };
+        BatchHeader {
+            seq_first: self.next_seq,
+            epoch: self.epoch,
+            kind: HeaderKind::Note,
+            durable: self.durable,
+            log: self.log_id,
+            entries: Vec::new(),
+        }
+        .encode(&self.prev_own[..], &mut self.header);
+        let slot = self.e.geo.first_slot(h.segment) + h.used;
+        match self
+            .e
+            .cache
+            .write_at(&self.header, self.e.geo.slot_offset(slot), false)
+        {
+            Ok(()) => {
+                Stats::add(&self.e.stats.cache_writes, 1);
+                Stats::add(&self.e.stats.cache_write_bytes, self.header.len() as u64);
+            }
+            // Only a hint: a failed note changes nothing (the next batch is written there anyway).
+            Err(e) => {
+                Stats::add(&self.e.stats.cache_errors, 1);
+                tracing::debug!(error = %e, "note write failed");
+            }
+        }
+        self.durable_told = self.durable;
     }
 
     /// Snapshot the index and log position, write them to the next checkpoint slot, and free the
     /// segments that were waiting for a checkpoint.
     fn write_checkpoint(&mut self) -> io::Result<()> {
         self.log().check_failed()?;
+        self.write_checkpoint_now()
+    }
+
+    fn write_checkpoint_now(&mut self) -> io::Result<()> {
         // The snapshot may only reference records that are durable.
         self.sync_device()?;
         let geo = self.e.geo;
@@ -745,6 +987,7 @@ impl Writer {
                     slot,
                     lba: info.lba,
                     dirty: info.dirty,
+                    crc: st.crcs[slot as usize],
                 })
                 .collect();
             let ckpt = Checkpoint {
@@ -757,6 +1000,7 @@ impl Writer {
                 }),
                 free: st.segs.free_order_after_checkpoint(),
                 entries,
+                lost: st.lost.ranges().collect(),
             };
             (ckpt, st.segs.quarantined_count())
         };

@@ -1,37 +1,132 @@
 //! Opening a cache device: read the superblock, load the newest valid checkpoint, replay the log
 //! written after it. Nothing here writes; the caller decides when the device may change.
 //!
+//! # Where the log ends, and damage in the middle of it
+//!
 //! Replay follows the log from the checkpoint's head through the free segments in the order the
-//! checkpoint recorded. A batch is accepted only if its header checks out, its first sequence
-//! number is exactly the next one expected, and its epoch is not older than the last accepted
-//! one; within it, records are applied in order until one whose data fails its checksum. The
-//! first batch that fails any of this is where the log ends. Because the log is applied in
-//! sequence order and stops at the first gap, the result is always a prefix of the history: no
-//! acknowledged-durable write is missing (it was synced, so everything before it is intact too),
-//! and no later record can be applied without every earlier one.
+//! checkpoint recorded. A header is accepted only if it checks out, its first sequence number is
+//! exactly the next one expected, and its epoch is not older than the last accepted one.
+//!
+//! Something that does not check out is either the torn tail a crash leaves (batches written but
+//! not synced, which may be lost or half-written in any order) or damage to the media in the part
+//! of the log that was already durable. Every header records up to which sequence number the log
+//! was durable when it was written (`durable`), and when the writer goes idle after a sync it
+//! leaves a note at the head saying so. So the two are told apart by what comes after:
+//!
+//! - a record below the highest `durable` any later header vouches for was synced: if it does not
+//!   check out, that is damage. The record is skipped, the blocks it wrote are marked *lost*
+//!   (reads fail until they are written again: never an older version), and replay goes on;
+//! - anything else that does not check out is the torn tail: the log ends there, exactly as
+//!   before, so what comes back is a prefix of the history.
+//!
+//! A damaged header is read from its successor, which carries a copy of it: so a damaged header
+//! costs nothing but the scan to find the successor. If both are gone, the records in between
+//! are reported as lost with blocks unknown, and replay goes on after them (only if proven
+//! durable, as above).
+//!
+//! The superblock has two copies and the checkpoint two slots. A damaged copy is reported and
+//! the other one used; the next superblock write and the next checkpoint (which the opener writes
+//! at once) repair it. Replaying from the older checkpoint may meet the log in segments the
+//! newer one freed: then the first block of every segment is scanned for the log's continuation
+//! (see `Walk::next_segment`).
 
+use std::collections::VecDeque;
+use std::fmt;
 use std::io;
 use std::time::Instant;
 
 use flashtier_io::{AlignedBuf, BlockDev};
 
 use crate::index::Index;
-use crate::layout::batch::{self, BatchError, BatchHeader};
+use crate::layout::batch::{self, BatchHeader, HeaderKind, Kind, OWN_LEN};
 use crate::layout::checkpoint::{self, Checkpoint, CheckpointHeader};
 use crate::layout::superblock::{self, Superblock};
 use crate::layout::Geometry;
+use crate::lost::LostSet;
 use crate::segments::{Head, Segments};
 use crate::state::State;
 use crate::{EngineError, FormatError};
 
+/// Something recovery found damaged, and what it did about it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Damage {
+    /// A superblock copy failed its checks; the other copy was used (the next superblock write
+    /// goes to the damaged copy).
+    SuperblockCopy { copy: u8, error: String },
+    /// A checkpoint slot failed its checks; recovery used the other one (the next checkpoint
+    /// goes to the damaged slot).
+    Checkpoint { slot: u32, error: String },
+    /// A batch header in the durable part of the log was damaged; its copy in the next header
+    /// was used instead, so nothing was lost.
+    Header { seq: u64 },
+    /// A record in the durable part of the log failed its checksum: its blocks are lost.
+    Record { seq: u64, lba: u64, blocks: u32 },
+    /// A cached copy of clean data (a promotion, or a block reclaim moved) failed its checksum:
+    /// it is read from the backing store again (or from where it was moved from).
+    CleanRecord { seq: u64, lba: u64, blocks: u32 },
+    /// Records whose header and its copy were both damaged: the blocks they wrote are unknown
+    /// and may read older data.
+    Unknown { seq_first: u64, seq_end: u64 },
+}
+
+impl Damage {
+    /// Whether data was lost (as opposed to metadata repaired from a good copy).
+    pub fn loses_data(&self) -> bool {
+        matches!(self, Damage::Record { .. } | Damage::Unknown { .. })
+    }
+}
+
+impl fmt::Display for Damage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Damage::SuperblockCopy { copy, error } => write!(
+                f,
+                "superblock copy {} damaged ({error}); the other copy was used and repairs it",
+                if *copy == 0 { "A" } else { "B" }
+            ),
+            Damage::Checkpoint { slot, error } => write!(
+                f,
+                "checkpoint slot {slot} damaged ({error}); recovered from the other slot and \
+                 the log"
+            ),
+            Damage::Header { seq } => write!(
+                f,
+                "log header of record {seq} damaged; read from its copy, nothing lost"
+            ),
+            Damage::Record { seq, lba, blocks } => write!(
+                f,
+                "log record {seq} damaged: {blocks} block(s) from block {lba} lost"
+            ),
+            Damage::CleanRecord { seq, lba, blocks } => write!(
+                f,
+                "log record {seq} (clean data, {blocks} block(s) from block {lba}) damaged; \
+                 dropped from the cache"
+            ),
+            Damage::Unknown { seq_first, seq_end } => write!(
+                f,
+                "log records {seq_first}..{seq_end} damaged beyond reading: the blocks they \
+                 wrote are unknown and may read older data"
+            ),
+        }
+    }
+}
+
 /// Reads and validates the superblock (both copies), without checking what it belongs to.
 pub fn read_superblock(dev: &dyn BlockDev) -> Result<Superblock, EngineError> {
+    read_superblock_checked(dev).map(|(sb, _)| sb)
+}
+
+/// [`read_superblock`], also reporting a damaged copy.
+pub fn read_superblock_checked(
+    dev: &dyn BlockDev,
+) -> Result<(Superblock, Vec<Damage>), EngineError> {
     if dev.info().size < 2 * superblock::LEN as u64 {
         return Err(FormatError::NotACache.into());
     }
     let mut buf = AlignedBuf::zeroed(2 * superblock::LEN);
     dev.read_at(&mut buf, 0).map_err(EngineError::CacheIo)?;
-    let sb = Superblock::choose(&buf[..superblock::LEN], &buf[superblock::LEN..])?;
+    let (a, b) = buf.split_at(superblock::LEN);
+    let sb = Superblock::choose(a, b)?;
     if sb.geometry.used_size() > dev.info().size {
         return Err(FormatError::Corrupt(format!(
             "the superblock describes {} bytes but the device has only {}",
@@ -40,7 +135,19 @@ pub fn read_superblock(dev: &dyn BlockDev) -> Result<Superblock, EngineError> {
         ))
         .into());
     }
-    Ok(sb)
+    let damage = [a, b]
+        .iter()
+        .enumerate()
+        .filter_map(|(copy, bytes)| {
+            Superblock::decode(bytes)
+                .err()
+                .map(|e| Damage::SuperblockCopy {
+                    copy: copy as u8,
+                    error: e.to_string(),
+                })
+        })
+        .collect();
+    Ok((sb, damage))
 }
 
 /// Writes generation `sb.generation` of the superblock to its copy and syncs.
@@ -66,9 +173,16 @@ pub struct Recovered {
     /// Log blocks (headers and data) replayed: they count towards the next checkpoint, so a
     /// crash loop does not replay an ever longer log.
     pub replayed_blocks: u64,
-    /// The last batch was only partly valid; its header must be rewritten to hold just the valid
-    /// records before anything is appended after them.
-    pub truncate_batch: Option<(u64, BatchHeader)>,
+    /// The last batch was only partly valid: this header block (offset, bytes), holding just the
+    /// valid records, must be written before anything is appended after them.
+    pub truncate_batch: Option<(u64, AlignedBuf)>,
+    /// The own half of the last header of the log, which the next header carries a copy of.
+    pub last_header: Box<[u8; OWN_LEN]>,
+    /// What was found damaged (empty when all was well).
+    pub damage: Vec<Damage>,
+    /// Segments where the log went on that the checkpoint recovery started from did not list
+    /// (replaying from the older checkpoint when the newer one is damaged).
+    pub segments_found_by_scan: u64,
     pub elapsed: std::time::Duration,
 }
 
@@ -76,152 +190,559 @@ fn corrupt(msg: String) -> EngineError {
     FormatError::Corrupt(msg).into()
 }
 
-/// Loads the newest valid checkpoint.
-pub fn load_checkpoint(dev: &dyn BlockDev, geo: &Geometry) -> Result<Checkpoint, EngineError> {
-    let mut best: Option<(CheckpointHeader, u32)> = None;
-    let mut errors = Vec::new();
+/// The newest checkpoint that checks out, and what was wrong with the other slot (a slot never
+/// written is not damage).
+pub fn load_checkpoint(
+    dev: &dyn BlockDev,
+    geo: &Geometry,
+) -> Result<(Checkpoint, Vec<Damage>), EngineError> {
+    let mut headers: Vec<(CheckpointHeader, u32)> = Vec::new();
+    let mut damage = Vec::new();
     let mut head = AlignedBuf::zeroed(checkpoint::HEADER_LEN);
     for slot in 0..2u32 {
-        dev.read_at(&mut head, geo.checkpoint_slot_offset(slot))
-            .map_err(EngineError::CacheIo)?;
+        if let Err(e) = dev.read_at(&mut head, geo.checkpoint_slot_offset(slot)) {
+            damage.push(Damage::Checkpoint {
+                slot,
+                error: format!("read failed: {e}"),
+            });
+            continue;
+        }
         match Checkpoint::decode_header(&head) {
             Ok(h) if h.body_len + checkpoint::HEADER_LEN as u64 <= geo.checkpoint_slot_size => {
-                if best.is_none_or(|(b, _)| h.number > b.number) {
-                    best = Some((h, slot));
-                }
+                headers.push((h, slot))
             }
-            Ok(_) => errors.push(format!("slot {slot}: body larger than the slot")),
-            Err(e) => errors.push(format!("slot {slot}: {e}")),
+            Ok(_) => damage.push(Damage::Checkpoint {
+                slot,
+                error: "body larger than the slot".into(),
+            }),
+            Err(FormatError::Corrupt(_)) if head[..8] != checkpoint::MAGIC[..] => {}
+            Err(e) => damage.push(Damage::Checkpoint {
+                slot,
+                error: e.to_string(),
+            }),
         }
     }
-    // Try the newest first; a torn body falls back to the older checkpoint.
-    let mut candidates: Vec<(CheckpointHeader, u32)> = Vec::new();
-    if let Some(b) = best {
-        candidates.push(b);
-        let other = 1 - b.1;
-        dev.read_at(&mut head, geo.checkpoint_slot_offset(other))
-            .map_err(EngineError::CacheIo)?;
-        if let Ok(h) = Checkpoint::decode_header(&head) {
-            if h.body_len + checkpoint::HEADER_LEN as u64 <= geo.checkpoint_slot_size {
-                candidates.push((h, other));
-            }
-        }
-    }
-    for (h, slot) in candidates {
+    // Newest first; a damaged body falls back to the other checkpoint.
+    headers.sort_by_key(|(h, _)| std::cmp::Reverse(h.number));
+    for (h, slot) in headers {
         let len = (checkpoint::HEADER_LEN as u64 + h.body_len).next_multiple_of(4096) as usize;
         let mut buf = AlignedBuf::zeroed(len);
-        dev.read_at(&mut buf, geo.checkpoint_slot_offset(slot))
-            .map_err(EngineError::CacheIo)?;
-        match Checkpoint::decode_body(&h, &buf[checkpoint::HEADER_LEN..]) {
-            Ok(c) => return Ok(c),
-            Err(e) => errors.push(format!("slot {slot}: {e}")),
+        let body = dev
+            .read_at(&mut buf, geo.checkpoint_slot_offset(slot))
+            .map_err(|e| FormatError::Corrupt(format!("read failed: {e}")))
+            .and_then(|()| Checkpoint::decode_body(&h, &buf[checkpoint::HEADER_LEN..]));
+        match body {
+            Ok(c) => return Ok((c, damage)),
+            Err(e) => damage.push(Damage::Checkpoint {
+                slot,
+                error: e.to_string(),
+            }),
         }
     }
     Err(corrupt(format!(
         "no valid checkpoint ({})",
-        errors.join("; ")
+        damage
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
     )))
+}
+
+/// Largest read when scanning for the header after a damaged one.
+const SCAN_READ: usize = 1 << 20;
+
+/// One step along the log, as the walk found it and the replay repeats it.
+#[derive(Debug)]
+enum Step {
+    /// The log went on in this segment.
+    Open(u32),
+    /// The log left the open segment: a SEAL header (its own half, and whether that is the copy
+    /// its successor carries because the header itself was damaged), or the segment was full.
+    Seal {
+        header: Option<(BatchHeader, Box<[u8; OWN_LEN]>)>,
+        from_copy: bool,
+    },
+    /// A batch at block `at` of the open segment; `from_copy`: its own header was damaged and
+    /// this is the copy its successor carries.
+    Batch {
+        at: u32,
+        header: BatchHeader,
+        own: Box<[u8; OWN_LEN]>,
+        from_copy: bool,
+    },
+    /// Records `[seq_first, seq_end)` could not be read at all; the log goes on at block `to` of
+    /// the open segment.
+    Gap {
+        seq_first: u64,
+        seq_end: u64,
+        to: u32,
+    },
+}
+
+/// Walks the log's headers (not its data) from the checkpoint on.
+struct Walk<'a> {
+    dev: &'a dyn BlockDev,
+    geo: Geometry,
+    /// This cache's log id: headers of any other log are not this log.
+    log: u64,
+    backing_blocks: u64,
+    free: VecDeque<u32>,
+    head: Option<Head>,
+    expected: u64,
+    epoch: u64,
+    /// The highest `durable` any accepted header vouched for.
+    durable: u64,
+    /// Replaying from an older checkpoint than the newest: the log may have gone on in segments
+    /// that checkpoint did not know were free.
+    scan_segments: bool,
+    /// Segments the log was found in by scanning (not next in the checkpoint's free list).
+    found_by_scan: u64,
+    steps: Vec<Step>,
+    /// A note ended the log.
+    ended: bool,
+    block: AlignedBuf,
+}
+
+/// A header block as read: its own half decoded, or why not.
+struct Read {
+    own: Result<BatchHeader, batch::BatchError>,
+}
+
+impl Walk<'_> {
+    fn bps(&self) -> u32 {
+        self.geo.blocks_per_segment()
+    }
+
+    fn read(&mut self, seg: u32, at: u32) -> (Read, Box<[u8; OWN_LEN]>) {
+        let slot = self.geo.first_slot(seg) + at;
+        let mut own = Box::new([0u8; OWN_LEN]);
+        if self
+            .dev
+            .read_at(&mut self.block, self.geo.slot_offset(slot))
+            .is_err()
+        {
+            return (
+                Read {
+                    own: Err(batch::BatchError::Malformed("unreadable")),
+                },
+                own,
+            );
+        }
+        own.copy_from_slice(&self.block[..OWN_LEN]);
+        (
+            Read {
+                own: BatchHeader::decode(&self.block),
+            },
+            own,
+        )
+    }
+
+    /// Whether `h` is the log's continuation at block `at` of a segment.
+    fn continues(&self, h: &BatchHeader, at: u32) -> bool {
+        h.seq_first == self.expected
+            && h.log == self.log
+            && h.epoch >= self.epoch
+            && match h.kind {
+                HeaderKind::Batch => at + 1 + h.data_blocks() <= self.bps() && self.entries_sane(h),
+                HeaderKind::Seal | HeaderKind::Note => true,
+            }
+    }
+
+    /// Records must stay within the backing store and the cache.
+    fn entries_sane(&self, h: &BatchHeader) -> bool {
+        h.entries.iter().all(|e| {
+            let in_backing = e.lba + e.nblocks as u64 <= self.backing_blocks;
+            let aux_ok = match e.kind {
+                Kind::Move | Kind::Cleaned | Kind::Lost => {
+                    e.aux + e.nblocks as u64 <= self.geo.slot_count() as u64
+                }
+                _ => true,
+            };
+            in_backing && aux_ok
+        })
+    }
+
+    fn accept(&mut self, h: &BatchHeader) {
+        self.durable = self.durable.max(h.durable);
+        self.epoch = h.epoch;
+        self.expected = h.seq_end();
+    }
+
+    /// Moves the walk to the next segment of the log: the next free one in checkpoint order,
+    /// or, replaying from an older checkpoint, whichever segment starts with the continuation.
+    fn next_segment(&mut self) -> bool {
+        if let Some(seg) = self.free.front().copied() {
+            let (r, _) = self.read(seg, 0);
+            let goes_on = r.own.as_ref().is_ok_and(|h| self.continues(h, 0));
+            if goes_on || !self.scan_segments {
+                self.free.pop_front();
+                self.steps.push(Step::Open(seg));
+                self.head = Some(Head {
+                    segment: seg,
+                    used: 0,
+                });
+                return true;
+            }
+        }
+        if !self.scan_segments {
+            return false;
+        }
+        let found = (0..self.geo.segment_count).find(|&seg| {
+            let (r, _) = self.read(seg, 0);
+            r.own.as_ref().is_ok_and(|h| self.continues(h, 0))
+        });
+        let Some(seg) = found else { return false };
+        tracing::warn!(
+            segment = seg,
+            seq = self.expected,
+            "the log goes on in a segment the checkpoint used did not know was free"
+        );
+        self.free.retain(|&s| s != seg);
+        self.found_by_scan += 1;
+        self.steps.push(Step::Open(seg));
+        self.head = Some(Head {
+            segment: seg,
+            used: 0,
+        });
+        true
+    }
+
+    /// After an unreadable header at block `at` of `seg`: the header that follows it, found by
+    /// scanning the rest of the segment and the start of the next one. Prefers one carrying a
+    /// copy of the damaged header (returned with it); else any later header of the log (records
+    /// in between then have unknown blocks).
+    #[allow(clippy::type_complexity)]
+    fn successor(
+        &mut self,
+        seg: u32,
+        at: u32,
+    ) -> Option<(u32, u32, Option<(BatchHeader, Box<[u8; OWN_LEN]>)>)> {
+        let bs = self.geo.block_size as usize;
+        let mut later: Option<(u32, u32)> = None;
+        let mut found = None;
+        let next = self.free.front().copied();
+        // The rest of this segment, in large reads, then the first block of the next.
+        let mut stretches: Vec<(u32, u32, u32)> = Vec::new();
+        let mut p = at + 1;
+        while p < self.bps() {
+            let n = (self.bps() - p).min((SCAN_READ / bs) as u32);
+            stretches.push((seg, p, n));
+            p += n;
+        }
+        if let Some(next) = next {
+            stretches.push((next, 0, 1));
+        }
+        let mut buf = AlignedBuf::new();
+        'scan: for (s, from, n) in stretches {
+            buf.resize(n as usize * bs);
+            let slot = self.geo.first_slot(s) + from;
+            if self
+                .dev
+                .read_at(&mut buf, self.geo.slot_offset(slot))
+                .is_err()
+            {
+                continue;
+            }
+            for (i, block) in buf.chunks(bs).enumerate() {
+                let p = from + i as u32;
+                let Ok(h) = BatchHeader::decode(block) else {
+                    continue;
+                };
+                if h.log != self.log || h.epoch < self.epoch || h.seq_first < self.expected {
+                    continue;
+                }
+                if let Ok(prev) = BatchHeader::decode_prev(block) {
+                    let in_place = if s == seg {
+                        prev.kind == HeaderKind::Batch && at + 1 + prev.data_blocks() == p
+                    } else {
+                        prev.kind == HeaderKind::Seal
+                            || (prev.kind == HeaderKind::Batch
+                                && at + 1 + prev.data_blocks() == self.bps())
+                    };
+                    if prev.seq_first == self.expected
+                        && prev.log == self.log
+                        && prev.epoch >= self.epoch
+                        && prev.kind != HeaderKind::Note
+                        && h.seq_first == prev.seq_end()
+                        && in_place
+                        && self.entries_sane(&prev)
+                    {
+                        let mut own = Box::new([0u8; OWN_LEN]);
+                        own.copy_from_slice(&block[OWN_LEN..2 * OWN_LEN]);
+                        found = Some((s, p, Some((prev, own))));
+                        break 'scan;
+                    }
+                }
+                if later.is_none() {
+                    later = Some((s, p));
+                }
+            }
+        }
+        found.or_else(|| later.map(|(s, p)| (s, p, None)))
+    }
+
+    /// Follows the log's headers to its end.
+    fn run(&mut self) {
+        loop {
+            let (seg, at) = match self.head {
+                Some(h) if h.used < self.bps() => (h.segment, h.used),
+                Some(_) => {
+                    self.steps.push(Step::Seal {
+                        header: None,
+                        from_copy: false,
+                    });
+                    self.head = None;
+                    continue;
+                }
+                None => {
+                    if !self.next_segment() {
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let (r, own) = self.read(seg, at);
+            match r.own {
+                Ok(h) if self.continues(&h, at) => {
+                    self.accept(&h);
+                    self.push_header(at, h, own, false);
+                    if self.ended {
+                        return;
+                    }
+                }
+                // Anything else ends the log unless a later header shows the log went on.
+                _ => {
+                    let Some((s, p, copy)) = self.successor(seg, at) else {
+                        return;
+                    };
+                    match copy {
+                        Some((prev, own)) => {
+                            self.accept(&prev);
+                            self.push_header(at, prev, own, true);
+                        }
+                        None => {
+                            let (h, _) = self.read(s, p);
+                            let Ok(h) = h.own else { return };
+                            let to = if s == seg { p } else { self.bps() };
+                            self.steps.push(Step::Gap {
+                                seq_first: self.expected,
+                                seq_end: h.seq_first,
+                                to,
+                            });
+                            self.set_used(to);
+                            self.expected = h.seq_first;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records an accepted header at block `at` of the open segment.
+    fn push_header(
+        &mut self,
+        at: u32,
+        header: BatchHeader,
+        own: Box<[u8; OWN_LEN]>,
+        from_copy: bool,
+    ) {
+        match header.kind {
+            HeaderKind::Note => self.ended = true,
+            HeaderKind::Seal => {
+                self.steps.push(Step::Seal {
+                    header: Some((header, own)),
+                    from_copy,
+                });
+                self.head = None;
+            }
+            HeaderKind::Batch => {
+                self.set_used(at + 1 + header.data_blocks());
+                self.steps.push(Step::Batch {
+                    at,
+                    header,
+                    own,
+                    from_copy,
+                });
+            }
+        }
+    }
+
+    fn set_used(&mut self, used: u32) {
+        if let Some(h) = self.head.as_mut() {
+            h.used = used;
+        }
+    }
 }
 
 /// Rebuilds the index and segment table from the newest checkpoint and the log after it.
 pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineError> {
     let started = Instant::now();
     let geo = sb.geometry;
-    let ckpt = load_checkpoint(dev, &geo)?;
+    let (ckpt, mut damage) = load_checkpoint(dev, &geo)?;
     let mut state = state_from_checkpoint(&geo, &ckpt)?;
-    let backing_blocks = sb.backing.size / geo.block_size as u64;
-
-    let bps = geo.blocks_per_segment();
     let bs = geo.block_size as usize;
+
+    let mut walk = Walk {
+        dev,
+        geo,
+        log: batch::log_id(&sb.uuid),
+        backing_blocks: sb.backing.size / geo.block_size as u64,
+        free: ckpt.free.iter().copied().collect(),
+        head: ckpt.open.map(|h| Head {
+            segment: h.segment,
+            used: h.used,
+        }),
+        expected: ckpt.next_seq,
+        epoch: ckpt.epoch,
+        durable: ckpt.next_seq,
+        scan_segments: damage
+            .iter()
+            .any(|d| matches!(d, Damage::Checkpoint { .. })),
+        found_by_scan: 0,
+        steps: Vec::new(),
+        ended: false,
+        block: AlignedBuf::zeroed(bs),
+    };
+    walk.run();
+    let durable = walk.durable;
+    let segments_found_by_scan = walk.found_by_scan;
+
+    // Replay the steps up to the first damage that is not proven durable (the torn tail).
     let mut expected = ckpt.next_seq;
     let mut epoch = ckpt.epoch;
-    let mut header_buf = AlignedBuf::zeroed(bs);
     let mut data = AlignedBuf::new();
     let mut replayed_batches = 0;
     let mut replayed_records = 0;
     let mut replayed_blocks = 0u64;
     let mut truncate_batch = None;
-
-    'log: loop {
-        let head = match state.segs.head {
-            Some(h) if h.used < bps => h,
-            Some(_) => {
-                state.segs.seal_head();
-                continue;
+    let mut last_header = Box::new([0u8; OWN_LEN]);
+    'steps: for step in walk.steps {
+        match step {
+            Step::Open(seg) => {
+                if state.segs.next_free() == Some(seg) {
+                    state.segs.open_next(expected);
+                } else {
+                    evict_segment(&mut state, &geo, seg);
+                    state.segs.open_specific(seg, expected);
+                }
             }
-            None => {
-                if state.segs.open_next(expected).is_none() {
+            Step::Seal { header, from_copy } => {
+                if let Some((h, own)) = header {
+                    if from_copy {
+                        if h.seq_first >= durable {
+                            break;
+                        }
+                        damage.push(Damage::Header { seq: h.seq_first });
+                    }
+                    epoch = h.epoch;
+                    last_header = own;
+                }
+                state.segs.seal_head();
+            }
+            Step::Gap {
+                seq_first,
+                seq_end,
+                to,
+            } => {
+                if seq_first >= durable {
                     break;
                 }
-                continue;
+                if seq_end > seq_first {
+                    tracing::error!(seq_first, seq_end, "log records lost with their headers");
+                    damage.push(Damage::Unknown { seq_first, seq_end });
+                } else {
+                    // Only a seal was damaged (and the copy of it): nothing lost.
+                    damage.push(Damage::Header { seq: seq_first });
+                }
+                if let Some(h) = state.segs.head.as_mut() {
+                    h.used = to;
+                }
+                expected = seq_end;
             }
-        };
-        let header_slot = geo.first_slot(head.segment) + head.used;
-        dev.read_at(&mut header_buf, geo.slot_offset(header_slot))
-            .map_err(EngineError::CacheIo)?;
-        let hdr = match BatchHeader::decode(&header_buf) {
-            Ok(h) => h,
-            Err(BatchError::NoBatch) | Err(BatchError::Checksum) => break,
-            Err(BatchError::Malformed(why)) => {
-                tracing::warn!(segment = head.segment, why, "malformed batch ends the log");
-                break;
+            Step::Batch {
+                at,
+                header,
+                own,
+                from_copy,
+            } => {
+                if from_copy {
+                    if header.seq_first >= durable {
+                        break;
+                    }
+                    tracing::warn!(
+                        seq = header.seq_first,
+                        "damaged log header read from its copy"
+                    );
+                    damage.push(Damage::Header {
+                        seq: header.seq_first,
+                    });
+                }
+                let head = state.segs.head.expect("a batch lies in the open segment");
+                let header_slot = geo.first_slot(head.segment) + at;
+                let blocks = header.data_blocks();
+                data.resize(blocks as usize * bs);
+                let readable = blocks == 0
+                    || dev
+                        .read_at(&mut data, geo.slot_offset(header_slot + 1))
+                        .is_ok();
+                let mut at_block = 0usize;
+                let mut applied = 0;
+                for e in &header.entries {
+                    let n = e.data_blocks() as usize;
+                    let bytes = &data[at_block * bs..(at_block + n) * bs];
+                    let crcs = batch::block_crcs(bytes, bs);
+                    let intact = n == 0
+                        || (readable && batch::combine_crcs(&crcs, bytes.len()) == e.data_crc);
+                    let seq = header.seq_first + applied as u64;
+                    if intact {
+                        state.apply(e, header_slot + 1 + at_block as u32, &crcs);
+                    } else if seq < durable {
+                        // Damage to the durable log: lose this record only.
+                        tracing::error!(seq, lba = e.lba, blocks = e.nblocks, "damaged log record");
+                        damage.push(skip_damaged(&mut state, e, seq));
+                    } else {
+                        // The torn tail: keep the valid prefix; the log goes on right after it.
+                        if applied > 0 {
+                            let mut kept = header.clone();
+                            kept.entries.truncate(applied);
+                            let mut block = AlignedBuf::zeroed(bs);
+                            kept.encode_own(&mut block);
+                            // The copy of the previous header stays as written.
+                            let mut original = AlignedBuf::zeroed(bs);
+                            if dev
+                                .read_at(&mut original, geo.slot_offset(header_slot))
+                                .is_ok()
+                            {
+                                block[OWN_LEN..2 * OWN_LEN]
+                                    .copy_from_slice(&original[OWN_LEN..2 * OWN_LEN]);
+                            }
+                            last_header.copy_from_slice(&block[..OWN_LEN]);
+                            if let Some(h) = state.segs.head.as_mut() {
+                                h.used = at + 1 + kept.data_blocks();
+                            }
+                            replayed_batches += 1;
+                            replayed_records += applied as u64;
+                            replayed_blocks += 1 + kept.data_blocks() as u64;
+                            expected = header.seq_first + applied as u64;
+                            epoch = header.epoch;
+                            truncate_batch = Some((geo.slot_offset(header_slot), block));
+                        }
+                        break 'steps;
+                    }
+                    at_block += n;
+                    applied += 1;
+                }
+                if let Some(h) = state.segs.head.as_mut() {
+                    h.used = at + 1 + blocks;
+                }
+                last_header = own;
+                replayed_batches += 1;
+                replayed_records += applied as u64;
+                replayed_blocks += 1 + blocks as u64;
+                expected = header.seq_end();
+                epoch = header.epoch;
             }
-        };
-        if hdr.seq_first != expected || hdr.epoch < epoch {
-            break;
-        }
-        if hdr.seal {
-            state.segs.seal_head();
-            epoch = hdr.epoch;
-            continue;
-        }
-        let blocks = hdr.data_blocks();
-        if head.used + 1 + blocks > bps || !entries_sane(&hdr, &geo, backing_blocks) {
-            tracing::warn!(
-                segment = head.segment,
-                "batch with impossible contents ends the log"
-            );
-            break;
-        }
-        data.resize(blocks as usize * bs);
-        if blocks > 0 {
-            dev.read_at(&mut data, geo.slot_offset(header_slot + 1))
-                .map_err(EngineError::CacheIo)?;
-        }
-        let mut at = 0usize;
-        let mut applied = 0;
-        let mut torn = false;
-        for e in &hdr.entries {
-            let len = e.data_blocks() as usize * bs;
-            if len > 0 && batch::data_crc(&data[at..at + len]) != e.data_crc {
-                torn = true;
-                break;
-            }
-            state.apply(e, header_slot + 1 + (at / bs) as u32);
-            at += len;
-            applied += 1;
-        }
-        replayed_batches += 1;
-        replayed_records += applied as u64;
-        replayed_blocks += 1 + blocks as u64;
-        expected += applied as u64;
-        epoch = hdr.epoch;
-        if torn {
-            // Keep the valid prefix; the log continues right after it once the header says so.
-            let mut kept = hdr.clone();
-            kept.entries.truncate(applied);
-            let kept_blocks = kept.data_blocks();
-            if applied == 0 {
-                break 'log;
-            }
-            if let Some(h) = state.segs.head.as_mut() {
-                h.used += 1 + kept_blocks;
-            }
-            truncate_batch = Some((geo.slot_offset(header_slot), kept));
-            break;
-        }
-        if let Some(h) = state.segs.head.as_mut() {
-            h.used += 1 + blocks;
         }
     }
     Ok(Recovered {
@@ -233,22 +754,47 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
         replayed_records,
         replayed_blocks,
         truncate_batch,
+        last_header,
+        damage,
+        segments_found_by_scan,
         elapsed: started.elapsed(),
     })
 }
 
-/// Records must stay within the backing store and the cache.
-fn entries_sane(h: &BatchHeader, geo: &Geometry, backing_blocks: u64) -> bool {
-    h.entries.iter().all(|e| {
-        let in_backing = e.lba + e.nblocks as u64 <= backing_blocks;
-        let aux_ok = match e.kind {
-            batch::Kind::Move | batch::Kind::Cleaned => {
-                e.aux + e.nblocks as u64 <= geo.slot_count() as u64
+/// Skips a damaged record of the durable log: a client write's blocks are lost (reads fail
+/// until they are written again, rather than serve an older version); clean data (a promotion,
+/// or a block reclaim moved, which still lives where it was moved from) is simply not cached.
+fn skip_damaged(state: &mut State, e: &batch::Entry, seq: u64) -> Damage {
+    match e.kind {
+        Kind::Write => {
+            state.mark_lost(e.lba, e.nblocks as u64);
+            Damage::Record {
+                seq,
+                lba: e.lba,
+                blocks: e.nblocks,
             }
-            _ => true,
-        };
-        in_backing && aux_ok
-    })
+        }
+        _ => Damage::CleanRecord {
+            seq,
+            lba: e.lba,
+            blocks: e.nblocks,
+        },
+    }
+}
+
+/// Unmaps whatever the checkpoint counted in `seg` before the log reuses it. Only replay from an
+/// older checkpoint meets this: the newer one freed the segment, after reclaim had moved its
+/// dirty blocks (MOVE records, replayed before this) or written them back, and evicted the rest.
+fn evict_segment(state: &mut State, geo: &Geometry, seg: u32) {
+    let first = geo.first_slot(seg);
+    let mapped: Vec<(u32, u64)> = state
+        .index
+        .slots_in(first, geo.blocks_per_segment())
+        .map(|(slot, info)| (slot, info.lba))
+        .collect();
+    for (slot, lba) in mapped {
+        state.unmap_if(lba, slot);
+    }
 }
 
 fn state_from_checkpoint(geo: &Geometry, c: &Checkpoint) -> Result<State, EngineError> {
@@ -271,6 +817,7 @@ fn state_from_checkpoint(geo: &Geometry, c: &Checkpoint) -> Result<State, Engine
         });
     }
     let mut index = Index::new(geo.slot_count());
+    let mut crcs = vec![0u32; geo.slot_count() as usize];
     for e in &c.entries {
         if e.slot >= geo.slot_count() || e.lba > Index::MAX_LBA {
             return Err(corrupt(format!("checkpoint entry out of range: {e:?}")));
@@ -281,7 +828,22 @@ fn state_from_checkpoint(geo: &Geometry, c: &Checkpoint) -> Result<State, Engine
             )));
         }
         index.insert(e.lba, e.slot, e.dirty);
+        crcs[e.slot as usize] = e.crc;
         segs.on_map(e.slot, e.dirty);
     }
-    Ok(State::new(index, segs))
+    for &(lba, n) in &c.lost {
+        if lba
+            .checked_add(n)
+            .is_none_or(|end| end > Index::MAX_LBA + 1)
+            || n == 0
+        {
+            return Err(corrupt(format!(
+                "checkpoint lost range out of range: {lba}+{n}"
+            )));
+        }
+    }
+    let mut state = State::new(index, segs);
+    state.crcs = crcs;
+    state.lost = LostSet::from_ranges(&c.lost);
+    Ok(state)
 }

@@ -166,6 +166,22 @@ impl Segments {
     pub fn open_next(&mut self, first_seq: u64) -> Option<u32> {
         let seg = self.free.pop_front()?;
         debug_assert_eq!(self.state[seg as usize], SegState::Free);
+        self.open(seg, first_seq);
+        Some(seg)
+    }
+
+    /// Opens `seg` for the log although it is not next in the free list: recovery found the log
+    /// going on there (replaying from an older checkpoint than the newest, which freed it).
+    /// Whatever the checkpoint still counted in it must be unmapped by the caller first.
+    pub fn open_specific(&mut self, seg: u32, first_seq: u64) {
+        if let Some(at) = self.free.iter().position(|&s| s == seg) {
+            self.free.remove(at);
+        }
+        self.quarantine.retain(|&s| s != seg);
+        self.open(seg, first_seq);
+    }
+
+    fn open(&mut self, seg: u32, first_seq: u64) {
         self.state[seg as usize] = SegState::Open;
         self.opened_seq[seg as usize] = first_seq;
         self.written[seg as usize] = Vec::new();
@@ -173,7 +189,11 @@ impl Segments {
             segment: seg,
             used: 0,
         });
-        Some(seg)
+    }
+
+    /// The segment `open_next` would take.
+    pub fn next_free(&self) -> Option<u32> {
+        self.free.front().copied()
     }
 
     /// The log left the open segment.

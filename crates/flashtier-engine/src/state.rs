@@ -1,6 +1,7 @@
-//! The index and the segment table, changed together, and the one function that applies a log
-//! record to them. Live operation and crash recovery both go through [`State::apply`], in log
-//! order, so the index recovery rebuilds is the index clients were served from.
+//! The index, the segment table, the blocks' checksums and the lost blocks, changed together,
+//! and the one function that applies a log record to them. Live operation and crash recovery
+//! both go through [`State::apply`], in log order, so the index recovery rebuilds is the index
+//! clients were served from.
 
 use std::time::Duration;
 
@@ -8,29 +9,66 @@ use parking_lot::RwLock;
 
 use crate::index::Index;
 use crate::layout::batch::{Entry, Kind};
+use crate::lost::LostSet;
 use crate::segments::Segments;
 
 pub struct State {
     pub index: Index,
     pub segs: Segments,
+    /// CRC32C of the data in each slot, as written: every read of a slot is checked against it.
+    /// Kept for a slot until the slot is written again, so a read that pinned the slot's segment
+    /// can still check what it read after the block moved on.
+    pub crcs: Vec<u32>,
+    /// Blocks whose newest data was lost (see `lost`).
+    pub lost: LostSet,
 }
 
 impl State {
     pub fn new(index: Index, segs: Segments) -> State {
-        State { index, segs }
+        let crcs = vec![0; index.slot_count() as usize];
+        State {
+            index,
+            segs,
+            crcs,
+            lost: LostSet::default(),
+        }
+    }
+
+    /// RAM used by the index and the checksums.
+    pub fn memory_bytes(&self) -> usize {
+        self.index.memory_bytes() + self.crcs.len() * 4
     }
 
     /// Maps `lba` to `slot`, keeping the segment counts right.
-    fn map(&mut self, lba: u64, slot: u32, dirty: bool) {
+    fn map(&mut self, lba: u64, slot: u32, dirty: bool, crc: u32) {
         let old = self
             .index
             .get(lba)
             .and_then(|s| self.index.slot(s).map(|info| (s, info.dirty)));
         self.index.insert(lba, slot, dirty);
+        self.crcs[slot as usize] = crc;
         if let Some((old_slot, old_dirty)) = old {
             self.segs.on_unmap(old_slot, old_dirty);
         }
         self.segs.on_map(slot, dirty);
+    }
+
+    /// Drops `lba` from the cache if it still lives in `slot` (a clean block is re-read from the
+    /// backing store next time); returns whether it did and whether the block was dirty.
+    pub fn unmap_if(&mut self, lba: u64, slot: u32) -> Option<bool> {
+        let dirty = self.index.slot(slot).filter(|i| i.lba == lba)?.dirty;
+        self.index.remove_if(lba, slot).then(|| {
+            self.segs.on_unmap(slot, dirty);
+            dirty
+        })
+    }
+
+    /// Marks `[lba, lba + n)` lost, dropping whatever the cache maps there.
+    pub fn mark_lost(&mut self, lba: u64, n: u64) {
+        let segs = &mut self.segs;
+        self.index
+            .remove_range(lba, n, |_, slot, dirty| segs.on_unmap(slot, dirty));
+        self.lost.insert(lba, n);
     }
 
     /// Clears the dirty flag of `lba` if it is dirty and still lives in `slot`; returns whether it
@@ -48,18 +86,24 @@ impl State {
         dirty
     }
 
-    /// Applies one record whose data (if any) starts at `first_slot`.
-    pub fn apply(&mut self, e: &Entry, first_slot: u32) {
+    /// Applies one record whose data (if any) starts at `first_slot`; `crcs` are the checksums
+    /// of its data blocks (empty for records without data).
+    pub fn apply(&mut self, e: &Entry, first_slot: u32, crcs: &[u32]) {
+        debug_assert_eq!(crcs.len(), e.data_blocks() as usize);
         match e.kind {
             Kind::Write => {
+                self.lost.remove(e.lba, e.nblocks as u64);
                 for i in 0..e.nblocks {
-                    self.map(e.lba + i as u64, first_slot + i, e.dirty);
+                    self.map(e.lba + i as u64, first_slot + i, e.dirty, crcs[i as usize]);
                 }
             }
             Kind::Promote => {
                 for i in 0..e.nblocks {
-                    let slot = first_slot + i;
-                    if self.index.insert_if_absent(e.lba + i as u64, slot, false) {
+                    let (lba, slot) = (e.lba + i as u64, first_slot + i);
+                    // A lost block's backing copy is older than the data that was lost.
+                    if !self.lost.overlaps(lba, 1) && self.index.insert_if_absent(lba, slot, false)
+                    {
+                        self.crcs[slot as usize] = crcs[i as usize];
                         self.segs.on_map(slot, false);
                     }
                 }
@@ -72,12 +116,14 @@ impl State {
                         .slot(from)
                         .is_some_and(|s| s.lba == lba && s.dirty);
                     if self.index.move_if(lba, from, to) {
+                        self.crcs[to as usize] = crcs[i as usize];
                         self.segs.on_unmap(from, dirty);
                         self.segs.on_map(to, dirty);
                     }
                 }
             }
             Kind::Invalidate => {
+                self.lost.remove(e.lba, e.nblocks as u64);
                 let segs = &mut self.segs;
                 self.index
                     .remove_range(e.lba, e.nblocks as u64, |_, slot, dirty| {
@@ -87,6 +133,14 @@ impl State {
             Kind::Cleaned => {
                 for i in 0..e.nblocks {
                     self.clean(e.lba + i as u64, e.aux as u32 + i);
+                }
+            }
+            Kind::Lost => {
+                for i in 0..e.nblocks {
+                    let (lba, slot) = (e.lba + i as u64, e.aux as u32 + i);
+                    if self.unmap_if(lba, slot) == Some(true) {
+                        self.lost.insert(lba, 1);
+                    }
                 }
             }
         }

@@ -105,6 +105,20 @@ counters! {
     cache_errors,
     /// I/O errors from the backing store.
     backing_errors,
+    /// Blocks read from the cache device that failed their checksum twice (clean ones were
+    /// dropped and read from the backing store, dirty ones lost).
+    checksum_errors,
+    /// Blocks that failed their checksum once and read back fine (a transient error).
+    checksum_retries,
+    /// Blocks whose newest data was lost: dirty blocks that failed their checksum, and blocks
+    /// of damaged records recovery had to skip.
+    lost_blocks,
+    /// Client reads refused (EIO) because they touched lost blocks.
+    lost_reads,
+    /// Cached blocks the scrub read and checked.
+    scrubbed_blocks,
+    /// Times the cache log came back after the cache device failed, without a restart.
+    log_recoveries,
 }
 
 impl Stats {

@@ -2,14 +2,23 @@
 //! by name, with one place that knows each one's meaning, default and allowed values.
 //!
 //! The control API, the config file and `flashtier config check` all go through [`PARAMS`],
-//! [`validate`] and [`Cache::set_param`], so a value is checked the same way wherever it comes
-//! from, and an error always names what is allowed. Values are plain atomics the I/O paths read
+//! [`validate`], [`validate_all`] and [`Cache::set_params`], so a value is checked the same way
+//! wherever it comes from, and an error always names what is allowed.
+//!
+//! Some parameters constrain each other ([`ORDERED`]: the low write-back watermark must stay
+//! below the high one). A set of values is checked as a whole, against the values it leaves in
+//! force: a config file's `[policy]` and `--set` in any order, against the defaults; a live
+//! change against the current values. So moving both watermarks past each other is one change
+//! of both (`flashtier set writeback_dirty_high_pct 90 writeback_dirty_low_pct 80`), applied
+//! together or not at all, and an error names both values. Values are plain atomics the I/O paths read
 //! on every request: a change applies to the next request, with no detach and no restart.
 //!
 //! The cache mode is not here: switching it may write back every dirty block first, which is a
 //! long operation with progress, not a setting (see [`Cache::set_mode`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+
+use parking_lot::Mutex;
 
 use crate::cache::Cache;
 use crate::policy::{PromotionPolicy, ReclaimPolicy};
@@ -119,8 +128,9 @@ pub const PARAMS: &[ParamInfo] = &[
     },
     ParamInfo {
         name: "writeback_dirty_low_pct",
-        doc: "Where a full-speed drain started at writeback_dirty_high_pct stops (at most \
-              writeback_dirty_high_pct - 1).",
+        doc: "Where a full-speed drain started at writeback_dirty_high_pct stops; must be below \
+              it. To move both watermarks past each other, change them together (one `flashtier \
+              set` with both, or the config file).",
         default: "50",
         allowed: "0..=99",
     },
@@ -171,6 +181,9 @@ pub const PARAMS: &[ParamInfo] = &[
     },
 ];
 
+/// Pairs of numeric parameters where the first must stay below the second.
+pub const ORDERED: &[(&str, &str)] = &[("writeback_dirty_low_pct", "writeback_dirty_high_pct")];
+
 /// A parameter name or value that was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ParamError {
@@ -181,6 +194,15 @@ pub enum ParamError {
         name: &'static str,
         value: String,
         allowed: &'static str,
+    },
+    /// Two values that must be ordered are not. Each value says where it comes from when it is
+    /// not one being set ("70, the current value", "70, the default").
+    #[error("{below} ({below_value}) must be below {above} ({above_value})")]
+    Conflict {
+        below: &'static str,
+        below_value: String,
+        above: &'static str,
+        above_value: String,
     },
 }
 
@@ -198,6 +220,64 @@ pub fn info(name: &str) -> Result<&'static ParamInfo, ParamError> {
 /// Checks `value` for `name` without a cache (for config files).
 pub fn validate(name: &str, value: &str) -> Result<(), ParamError> {
     parse(name, value).map(|_| ())
+}
+
+/// Checks a whole set of values (a config file's `[policy]` with `--set`; later entries win)
+/// as a cache starting with them would take them: each value, then [`ORDERED`] over the
+/// defaults they leave.
+pub fn validate_all<N: AsRef<str>, V: AsRef<str>>(settings: &[(N, V)]) -> Result<(), ParamError> {
+    let parsed = parse_all(settings)?;
+    check_order(&parsed, default_number, "the default")
+}
+
+/// Each entry parsed, keeping its canonical name.
+fn parse_all<N: AsRef<str>, V: AsRef<str>>(
+    settings: &[(N, V)],
+) -> Result<Vec<(&'static str, Setting)>, ParamError> {
+    settings
+        .iter()
+        .map(|(n, v)| Ok((info(n.as_ref())?.name, parse(n.as_ref(), v.as_ref())?)))
+        .collect()
+}
+
+fn default_number(name: &str) -> u32 {
+    info(name)
+        .ok()
+        .and_then(|p| p.default.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Checks [`ORDERED`] over `changes` (the last one of a name wins) on top of `base`, which
+/// `base_is` describes in the error ("the current value").
+fn check_order(
+    changes: &[(&'static str, Setting)],
+    base: impl Fn(&str) -> u32,
+    base_is: &str,
+) -> Result<(), ParamError> {
+    let value = |name: &str| -> (u32, String) {
+        match changes.iter().rev().find(|(n, _)| *n == name) {
+            Some((_, s)) => {
+                let v = s.number().unwrap_or(0);
+                (v, v.to_string())
+            }
+            None => {
+                let v = base(name);
+                (v, format!("{v}, {base_is}"))
+            }
+        }
+    };
+    for &(below, above) in ORDERED {
+        let ((b, below_value), (a, above_value)) = (value(below), value(above));
+        if b >= a {
+            return Err(ParamError::Conflict {
+                below,
+                below_value,
+                above,
+                above_value,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// A checked value of one parameter.
@@ -219,6 +299,30 @@ enum Setting {
     WritebackOrder(ReclaimPolicy),
     WritebackMaxInflight(u32),
     WritebackMaxIoKib(u32),
+}
+
+impl Setting {
+    /// The value of a numeric parameter.
+    fn number(&self) -> Option<u32> {
+        match *self {
+            Setting::CutoffReadKib(v)
+            | Setting::CutoffWriteKib(v)
+            | Setting::PromotionNhit(v)
+            | Setting::PromotionWindowSecs(v)
+            | Setting::WritebackTargetPct(v)
+            | Setting::WritebackHighPct(v)
+            | Setting::WritebackLowPct(v)
+            | Setting::WritebackMaxAgeSecs(v)
+            | Setting::WritebackIdleDelayMs(v)
+            | Setting::WritebackRateMaxKib(v)
+            | Setting::WritebackMaxInflight(v)
+            | Setting::WritebackMaxIoKib(v) => Some(v),
+            Setting::ReclaimPolicy(_)
+            | Setting::Promotion(_)
+            | Setting::WritebackController(_)
+            | Setting::WritebackOrder(_) => None,
+        }
+    }
 }
 
 fn parse(name: &str, value: &str) -> Result<Setting, ParamError> {
@@ -291,6 +395,9 @@ pub struct Tunables {
     writeback_order: AtomicU8,
     writeback_max_inflight: AtomicU32,
     writeback_max_io_kib: AtomicU32,
+    /// Held while a set of values is checked against the current ones and applied, so two
+    /// changes racing cannot together leave what neither would have been allowed to.
+    changing: Mutex<()>,
 }
 
 impl Default for Tunables {
@@ -311,6 +418,7 @@ impl Default for Tunables {
             writeback_order: AtomicU8::new(0),
             writeback_max_inflight: AtomicU32::new(1),
             writeback_max_io_kib: AtomicU32::new(MIN_WRITEBACK_IO_KIB),
+            changing: Mutex::new(()),
         };
         for p in PARAMS {
             if let Ok(s) = parse(p.name, p.default) {
@@ -357,7 +465,9 @@ impl Tunables {
         self.writeback_high_pct.load(Ordering::Relaxed)
     }
 
-    /// The low watermark in effect: below the high one whatever was set.
+    /// The low watermark in effect: below the high one even when read halfway through a
+    /// change of both (each is its own atomic; [`Cache::set_params`] keeps the stored pair
+    /// ordered).
     pub fn writeback_low_pct(&self) -> u32 {
         let high = self.writeback_high_pct();
         self.writeback_low_pct
@@ -464,16 +574,54 @@ impl Cache {
 
     /// Checks and applies `value` to `name`; it takes effect from the next request.
     pub fn set_param(&self, name: &str, value: &str) -> Result<(), ParamError> {
-        match parse(name, value)? {
-            Setting::ReclaimPolicy(p) => self.set_reclaim_policy(p),
-            s => self.engine().tunables.apply(s),
+        self.set_params(&[(name, value)])
+    }
+
+    /// Checks `settings` (later entries win) against each other and the current values, and
+    /// applies all of them or none.
+    pub fn set_params<N: AsRef<str>, V: AsRef<str>>(
+        &self,
+        settings: &[(N, V)],
+    ) -> Result<(), ParamError> {
+        let t = &self.engine().tunables;
+        let _changing = t.changing.lock();
+        let parsed = self.check(settings)?;
+        for (name, s) in &parsed {
+            match *s {
+                Setting::ReclaimPolicy(p) => self.set_reclaim_policy(p),
+                s => t.apply(s),
+            }
+            let value = self.get_param(name)?;
+            tracing::info!(name, value, "parameter changed");
         }
-        if name.starts_with("writeback_") {
+        if parsed.iter().any(|(n, _)| n.starts_with("writeback_")) {
             // The cleaner re-plans at once (a new target, rate or watermark).
             self.engine().wake_writeback();
         }
-        tracing::info!(name, value = value.trim(), "parameter changed");
         Ok(())
+    }
+
+    /// What [`Cache::set_params`] would say, without changing anything.
+    pub fn check_params<N: AsRef<str>, V: AsRef<str>>(
+        &self,
+        settings: &[(N, V)],
+    ) -> Result<(), ParamError> {
+        self.check(settings).map(drop)
+    }
+
+    fn check<N: AsRef<str>, V: AsRef<str>>(
+        &self,
+        settings: &[(N, V)],
+    ) -> Result<Vec<(&'static str, Setting)>, ParamError> {
+        let parsed = parse_all(settings)?;
+        let current = |name: &str| {
+            self.get_param(name)
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        check_order(&parsed, current, "the current value")?;
+        Ok(parsed)
     }
 
     /// Every parameter with its current value.
@@ -593,6 +741,66 @@ mod tests {
         ] {
             validate(name, value).unwrap_or_else(|e| panic!("{e}"));
         }
+    }
+
+    #[test]
+    fn watermarks_are_checked_together_in_any_order_naming_both_values() {
+        let conflict = |settings: &[(&str, &str)]| match validate_all(settings) {
+            Err(e @ ParamError::Conflict { .. }) => e.to_string(),
+            other => panic!("{settings:?}: {other:?}"),
+        };
+        for order in [
+            [
+                ("writeback_dirty_low_pct", "80"),
+                ("writeback_dirty_high_pct", "10"),
+            ],
+            [
+                ("writeback_dirty_high_pct", "10"),
+                ("writeback_dirty_low_pct", "80"),
+            ],
+        ] {
+            assert_eq!(
+                conflict(&order),
+                "writeback_dirty_low_pct (80) must be below writeback_dirty_high_pct (10)"
+            );
+        }
+        // Against the defaults they leave (high 70, low 50).
+        assert_eq!(
+            conflict(&[("writeback_dirty_low_pct", "80")]),
+            "writeback_dirty_low_pct (80) must be below writeback_dirty_high_pct (70, the \
+             default)"
+        );
+        assert_eq!(
+            conflict(&[("writeback_dirty_high_pct", "50")]),
+            "writeback_dirty_low_pct (50, the default) must be below writeback_dirty_high_pct \
+             (50)"
+        );
+        // The last value of a name wins; moving both past each other at once is fine.
+        for ok in [
+            &[
+                ("writeback_dirty_low_pct", "80"),
+                ("writeback_dirty_high_pct", "90"),
+            ][..],
+            &[
+                ("writeback_dirty_high_pct", "90"),
+                ("writeback_dirty_low_pct", "80"),
+            ][..],
+            &[
+                ("writeback_dirty_low_pct", "95"),
+                ("writeback_dirty_low_pct", "20"),
+                ("writeback_dirty_high_pct", "30"),
+            ][..],
+            &[("writeback_dirty_high_pct", "100"), ("promotion", "nhit")][..],
+        ] {
+            validate_all(ok).unwrap_or_else(|e| panic!("{ok:?}: {e}"));
+        }
+        // A bad single value is reported as such before any combination.
+        let e = validate_all(&[
+            ("writeback_dirty_low_pct", "80"),
+            ("writeback_dirty_high_pct", "0"),
+        ])
+        .unwrap_err();
+        assert!(matches!(e, ParamError::Invalid { .. }), "{e}");
     }
 
     #[test]

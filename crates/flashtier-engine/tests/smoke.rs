@@ -7,6 +7,7 @@ fn ident(size: u64) -> BackingIdentity {
     BackingIdentity {
         size,
         name: "mem".into(),
+        fingerprint: Vec::new(),
     }
 }
 

@@ -23,14 +23,18 @@
 //! The NBD *client* device (a backing store that is any NBD server) lives in `flashtier-nbd`
 //! beside the rest of the protocol code and implements this trait.
 
+mod alloc;
 mod buf;
 pub mod crash;
 mod dev;
 pub mod fault;
 mod file;
+pub mod identity;
 mod mem;
+pub mod signature;
 mod slow;
 
+pub use alloc::{allocate_existing, allocated_bytes, create_allocated_file};
 pub use buf::{is_aligned, AlignedBuf};
 pub use crash::{CrashDev, CrashPolicy};
 pub use dev::{check_range, write_zero_buffers, BlockDev, DevInfo, Extent, ZeroOpts};

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
 use std::os::unix::io::{AsRawFd, RawFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -215,39 +215,86 @@ fn set_keepalive(fd: RawFd) -> io::Result<()> {
     set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_COUNT)
 }
 
-/// Binds a unix socket only this user can use (mode 0600 from the start): a stale socket from a
-/// crash is replaced; a live one, or a file that is not a socket, is an error. Also used by the
-/// control socket.
+/// Binds a unix socket only this user can use: mode 0600 from the moment it exists, whatever
+/// the umask. A stale socket of ours from a crash is replaced; a live one is [`ServerError::InUse`];
+/// anything else in the way is an error and stays untouched: a file that is not a socket, a
+/// symlink (never followed or removed: in a directory others can write it may be a trap), or
+/// a stale socket another user owns (not ours to delete). Missing parent directories are created
+/// mode 0755 (never more). Also used by the control socket.
 pub fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
-    let err = |e: io::Error| ServerError::Bind(path.display().to_string(), e);
+    let shown = path.display().to_string();
+    let err = |e: io::Error| ServerError::Bind(shown.clone(), e);
+    let refuse = |kind, why: String| err(io::Error::new(kind, why));
+    // SAFETY: geteuid has no failure modes.
+    let me = unsafe { libc::geteuid() };
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
             // A live server answers; a stale socket from a crash refuses and can be replaced.
             if UnixStream::connect(path).is_ok() {
-                return Err(ServerError::InUse(path.display().to_string()));
+                return Err(ServerError::InUse(shown));
+            }
+            if meta.uid() != me {
+                return Err(refuse(
+                    io::ErrorKind::PermissionDenied,
+                    format!(
+                        "a stale socket owned by uid {} is in the way; it is not this server's \
+                         (uid {me}) to remove",
+                        meta.uid()
+                    ),
+                ));
             }
             std::fs::remove_file(path).map_err(err)?;
         }
-        Ok(_) => {
-            return Err(err(io::Error::new(
+        Ok(meta) if meta.file_type().is_symlink() => {
+            return Err(refuse(
                 io::ErrorKind::AlreadyExists,
-                "a file that is not a socket is in the way",
-            )))
+                "a symbolic link is in the way (a socket is never created through a link)".into(),
+            ))
+        }
+        Ok(_) => {
+            return Err(refuse(
+                io::ErrorKind::AlreadyExists,
+                "a file that is not a socket is in the way".into(),
+            ))
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(err(e)),
     }
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(err)?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o755)
+            .create(dir)
+            .map_err(err)?;
     }
-    // The socket gives full access to the disk: create it 0600 (no window with wider access).
-    // SAFETY: umask only swaps the process mask; restored right after bind.
-    let old = unsafe { libc::umask(0o177) };
-    let result = UnixListener::bind(path);
-    unsafe { libc::umask(old) };
-    let listener = result.map_err(err)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
-    Ok(listener)
+    // bind(2) creates the file with 0777 & ~umask, and refuses (EADDRINUSE) if anything, a
+    // symlink included, took the name meanwhile. A chmod afterwards would follow a symlink
+    // swapped in after the bind (in a directory others can write), so the umask does the work.
+    // It is process-wide: the lock keeps two binds from restoring each other's mask.
+    let listener = {
+        static UMASK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _umask = UMASK.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: umask only swaps the process mask; restored right after bind.
+        let old = unsafe { libc::umask(0o177) };
+        let result = UnixListener::bind(path);
+        unsafe { libc::umask(old) };
+        result.map_err(err)?
+    };
+    // What we made, as a check on the above (never by a path that could be a link: lstat).
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() && m.uid() == me && m.mode() & 0o077 == 0 => {
+            Ok(listener)
+        }
+        Ok(m) => Err(refuse(
+            io::ErrorKind::PermissionDenied,
+            format!(
+                "the socket came out with mode {:o}, owner {}: something else is changing it",
+                m.mode() & 0o7777,
+                m.uid()
+            ),
+        )),
+        Err(e) => Err(err(e)),
+    }
 }
 
 /// A connected client.
@@ -372,6 +419,7 @@ impl Write for Stream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn listen_address_forms() {
@@ -424,5 +472,61 @@ mod tests {
         std::fs::write(&file, b"data").unwrap();
         assert!(Listener::bind(&ListenAddr::Unix(file.clone())).is_err());
         assert_eq!(std::fs::read(&file).unwrap(), b"data");
+    }
+
+    #[test]
+    fn a_symlink_in_the_way_is_never_followed_or_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).unwrap();
+        for target in [victim.clone(), dir.path().join("nothing-here")] {
+            let link = dir.path().join("nbd.sock");
+            std::os::unix::fs::symlink(&target, &link).unwrap();
+            let e = bind_unix(&link).unwrap_err().to_string();
+            assert!(e.contains("symbolic link"), "{e}");
+            assert!(std::fs::symlink_metadata(&link).unwrap().is_symlink());
+            std::fs::remove_file(&link).unwrap();
+        }
+        assert!(
+            !dir.path().join("nothing-here").exists(),
+            "nothing created through it"
+        );
+        let meta = std::fs::metadata(&victim).unwrap();
+        assert_eq!(
+            meta.permissions().mode() & 0o7777,
+            0o644,
+            "victim's mode untouched"
+        );
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+    }
+
+    #[test]
+    fn another_users_stale_socket_is_not_ours_to_remove() {
+        // SAFETY: geteuid has no failure modes.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: needs root to give a socket away");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nbd.sock");
+        drop(UnixListener::bind(&path).unwrap());
+        std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+        let e = bind_unix(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("uid 65534") && e.contains("not this server"),
+            "{e}"
+        );
+        assert_eq!(
+            std::fs::symlink_metadata(&path).unwrap().uid(),
+            65534,
+            "left there"
+        );
+        // Our own stale socket is replaced, and the new one is ours and private.
+        std::os::unix::fs::chown(&path, Some(0), Some(0)).unwrap();
+        let _l = bind_unix(&path).unwrap();
+        let m = std::fs::symlink_metadata(&path).unwrap();
+        assert!(m.file_type().is_socket());
+        assert_eq!((m.uid(), m.mode() & 0o777), (0, 0o600));
     }
 }

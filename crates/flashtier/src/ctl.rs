@@ -78,14 +78,21 @@ pub struct GetArgs {
 #[derive(Args, Debug)]
 #[command(after_help = params_help())]
 pub struct SetArgs {
-    /// The parameter to change (listed below), or `mode` (as `flashtier mode`).
-    #[arg(value_name = "PARAM")]
-    param: String,
-    /// The new value; a bad one is refused with the allowed range and nothing changes.
-    #[arg(value_name = "VALUE", allow_negative_numbers = true)]
-    value: String,
-    /// Also write the value to the server's config file (serve --config FILE), keeping the
-    /// rest of the file, so it survives a restart. Fails if the server has no config file.
+    /// The parameter to change (listed below), or `mode` (as `flashtier mode`), and its new
+    /// value; a bad one is refused with the allowed range and nothing changes. Several pairs
+    /// change together, all or none: parameters that constrain each other (the low write-back
+    /// watermark stays below the high one) are checked as the whole change leaves them: `set
+    /// writeback_dirty_high_pct 90 writeback_dirty_low_pct 80` is accepted where `set
+    /// writeback_dirty_low_pct 80` alone (above the current high watermark) is refused.
+    #[arg(
+        value_names = ["PARAM", "VALUE"],
+        num_args = 2..,
+        required = true,
+        allow_negative_numbers = true
+    )]
+    settings: Vec<String>,
+    /// Also write the values to the server's config file (serve --config FILE), keeping the
+    /// rest of the file, so they survive a restart. Fails if the server has no config file.
     #[arg(long)]
     persist: bool,
     #[command(flatten)]
@@ -283,12 +290,27 @@ pub fn get(args: GetArgs) -> anyhow::Result<()> {
 }
 
 pub fn set(args: SetArgs) -> anyhow::Result<()> {
-    let mut client = args.control.connect()?;
-    let value = client.set(&args.param, &args.value, args.persist)?;
-    if args.param == "mode" {
-        wait_for_switch(&mut client, &value)?;
+    let pairs = args.settings.chunks_exact(2);
+    if !pairs.remainder().is_empty() {
+        anyhow::bail!(
+            "expected PARAM VALUE pairs, got {} words: {}",
+            args.settings.len(),
+            args.settings.join(" ")
+        );
     }
-    println!("{} = {value}", args.param);
+    let settings: Vec<(String, String)> = pairs.map(|p| (p[0].clone(), p[1].clone())).collect();
+    let mut client = args.control.connect()?;
+    if let [(name, value)] = &settings[..] {
+        let value = client.set(name, value, args.persist)?;
+        if name == "mode" {
+            wait_for_switch(&mut client, &value)?;
+        }
+        println!("{name} = {value}");
+        return Ok(());
+    }
+    for (name, value) in client.set_many(&settings, args.persist)? {
+        println!("{name} = {value}");
+    }
     Ok(())
 }
 

@@ -309,6 +309,7 @@ fn run_in(dir: &Path, args: &DemoArgs) -> anyhow::Result<()> {
     let identity = BackingIdentity {
         size: args.size,
         name: backing_path.display().to_string(),
+        fingerprint: Vec::new(),
     };
     let cache_str = cache_path.display().to_string();
     let opts = FormatOptions {

@@ -5,11 +5,14 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use clap::Args;
 use flashtier_engine::{
-    format, read_superblock, EngineError, FormatError, FormatOptions, Mode, ReclaimPolicy,
-    DEFAULT_BLOCK_SIZE,
+    format, read_superblock, BackingIdentity, EngineError, FormatError, FormatOptions, Mode,
+    ReclaimPolicy, DEFAULT_BLOCK_SIZE,
 };
+use flashtier_io::{signature, AlignedBuf, BlockDev, ZeroOpts};
 
-use crate::backing::{backing_identity, open_backing, open_cache_device, BackingOptions};
+use crate::backing::{
+    backing_identity, open_backing, open_cache_device, refuse_backing_as_cache, BackingOptions,
+};
 use crate::units::{fmt_bytes, parse_size};
 
 #[derive(Args, Debug)]
@@ -45,8 +48,10 @@ pub struct FormatArgs {
     #[arg(long, default_value_t = ReclaimPolicy::Lru)]
     pub reclaim: ReclaimPolicy,
 
-    /// Overwrite an existing flashtier cache. Anything it held that was not written back to its
-    /// backing store is lost.
+    /// Overwrite what the device holds: an existing flashtier cache (anything it held that was
+    /// not written back to its backing store is lost), a filesystem, a partition table, a
+    /// volume label. Without it, format refuses each of these, naming what it found. It never
+    /// formats the backing store itself.
     #[arg(long)]
     pub force: bool,
 }
@@ -65,11 +70,8 @@ pub fn run(args: FormatArgs) -> anyhow::Result<()> {
         .filter(|s| *s <= 1 << 30)
         .context("--segment-size must be at most 1G")?;
     let path = Path::new(&args.cache);
-    match (path.exists(), args.size) {
-        (false, Some(size)) => {
-            flashtier_io::create_sparse_file(path, size)
-                .with_context(|| format!("cannot create cache file {}", args.cache))?;
-        }
+    let exists = path.exists();
+    match (exists, args.size) {
         (false, None) => bail!(
             "{} does not exist: pass --size to create a cache file of that size",
             args.cache
@@ -78,7 +80,7 @@ pub fn run(args: FormatArgs) -> anyhow::Result<()> {
             "{} already exists: --size only applies when creating a new cache file",
             args.cache
         ),
-        (true, None) => {}
+        _ => {}
     }
     let backing = open_backing(
         &args.backing,
@@ -89,31 +91,37 @@ pub fn run(args: FormatArgs) -> anyhow::Result<()> {
     )?;
     let identity = backing_identity(&args.backing, backing.info().size)?;
     drop(backing);
-    let dev = open_cache_device(&args.cache)?;
-
-    match read_superblock(&*dev) {
-        Ok(sb) if !args.force => bail!(
-            "{} already holds a flashtier cache for '{}' ({}); blocks not yet written back to \
-             that backing store would be lost. To keep them, first run `flashtier serve --cache \
-             {} --backing {} --mode passthrough` (which writes them back), then format with \
-             --force",
-            args.cache,
-            sb.backing.name,
-            fmt_bytes(sb.backing.size),
-            args.cache,
-            sb.backing.name
-        ),
-        Err(EngineError::Format(FormatError::UnsupportedVersion(v))) if !args.force => bail!(
-            "{} holds a flashtier cache of format version {v}, written by another flashtier \
-             version; use that version to write its data back, or pass --force to overwrite it",
-            args.cache
-        ),
-        Err(EngineError::Format(FormatError::Corrupt(why))) if !args.force => bail!(
-            "{} holds a damaged flashtier cache ({why}); pass --force to overwrite it",
-            args.cache
-        ),
-        _ => {}
+    let Some(size) = args.size else {
+        // Never, not even with --force: no setup works with the cache on its own backing store.
+        refuse_backing_as_cache(&args.cache, &args.backing)?;
+        return format_device(&args, segment_size, identity, true);
+    };
+    // A geometry that cannot fit is refused before anything is created.
+    flashtier_engine::layout::Geometry::compute(size, args.block_size, segment_size)?;
+    create_cache_file(path, size)?;
+    let formatted = format_device(&args, segment_size, identity, false);
+    if formatted.is_err() {
+        drop(std::fs::remove_file(path));
     }
+    formatted
+}
+
+/// Formats the cache device; `existed`: it held something before (checked, then allocated if
+/// it is a file).
+fn format_device(
+    args: &FormatArgs,
+    segment_size: u32,
+    identity: BackingIdentity,
+    existed: bool,
+) -> anyhow::Result<()> {
+    let dev = open_cache_device(&args.cache)?;
+    if existed && !args.force {
+        refuse_to_destroy(&args.cache, &*dev)?;
+    }
+    if existed && std::fs::metadata(&args.cache)?.is_file() {
+        allocate_cache_file(Path::new(&args.cache), dev.info().size)?;
+    }
+    clear_device(&*dev, &args.cache)?;
 
     let sb = format(
         &*dev,
@@ -151,4 +159,167 @@ pub fn run(args: FormatArgs) -> anyhow::Result<()> {
         fmt_bytes(blocks * 13)
     );
     Ok(())
+}
+
+/// Clears what the device held, so that nothing of it is mistaken for part of the new cache
+/// or for what the device was before: another tool's signatures (blkid, mount and udev look
+/// at the start and the end), an earlier cache's batch headers (the dirty-data scan would
+/// count them if this cache's superblocks were ever lost). The ends are written; the rest is
+/// zeroed where that is fast (a file's `FALLOC_FL_ZERO_RANGE`, which keeps it allocated; a
+/// device's zeroing discard), else left as it is.
+fn clear_device(dev: &dyn BlockDev, name: &str) -> anyhow::Result<()> {
+    let size = dev.info().size;
+    let len = (signature::PROBE_LEN as u64).min(size);
+    let zeroes = AlignedBuf::zeroed(len as usize);
+    let tail = (size - len) / 4096 * 4096;
+    for at in [0, tail] {
+        dev.write_at(&zeroes[..len.min(size - at) as usize], at, false)
+            .with_context(|| format!("cannot clear {name}"))?;
+    }
+    let block = std::fs::metadata(name).is_ok_and(|m| !m.is_file());
+    let zeroed = dev.write_zeroes(
+        0,
+        size,
+        ZeroOpts {
+            may_trim: block,
+            fast_only: true,
+            fua: false,
+        },
+    );
+    if let Err(e) = zeroed.or_else(|_| if block { dev.trim(0, size) } else { Ok(()) }) {
+        tracing::debug!("{name} not zeroed ahead of the format: {e}");
+    }
+    Ok(())
+}
+
+/// Creates the cache file with all its space allocated: a sparse cache on a filesystem that
+/// cannot hold it would fail later, while it holds acknowledged writes.
+fn create_cache_file(path: &Path, size: u64) -> anyhow::Result<()> {
+    match flashtier_io::create_allocated_file(path, size) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => bail!(
+            "cannot create a {} cache file {}: its filesystem has only {} free (nothing was \
+             created)",
+            fmt_bytes(size),
+            path.display(),
+            free_space(path).map_or_else(|| "less".into(), fmt_bytes)
+        ),
+        Err(e) => {
+            Err(anyhow::Error::new(e)
+                .context(format!("cannot create cache file {}", path.display())))
+        }
+    }
+}
+
+/// Allocates an existing (perhaps sparse) cache file's every block before anything is written.
+fn allocate_cache_file(path: &Path, size: u64) -> anyhow::Result<()> {
+    let missing = size.saturating_sub(flashtier_io::allocated_bytes(path)?);
+    match flashtier_io::allocate_existing(path, size) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => bail!(
+            "{} is sparse and its filesystem cannot hold it: {} more are needed, {} are free \
+             (nothing was formatted)",
+            path.display(),
+            fmt_bytes(missing),
+            free_space(path).map_or_else(|| "less".into(), fmt_bytes)
+        ),
+        Err(e) => {
+            Err(anyhow::Error::new(e)
+                .context(format!("cannot allocate cache file {}", path.display())))
+        }
+    }
+}
+
+/// Bytes available to us on the filesystem holding `path` (or its directory).
+fn free_space(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = if path.exists() {
+        path.to_path_buf()
+    } else {
+        path.parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."))
+            .to_path_buf()
+    };
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs fills the zeroed struct we pass; the path is NUL-terminated.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        (libc::statvfs(c.as_ptr(), &mut st) == 0).then(|| st.f_bavail * st.f_frsize)
+    }
+}
+
+/// Refuses (without --force) a device holding anything `format` would destroy: a flashtier
+/// cache (damaged or not, of any version), a filesystem, a partition table or volume label, or
+/// the log of a cache whose superblocks are gone that still holds dirty data.
+fn refuse_to_destroy(name: &str, dev: &dyn BlockDev) -> anyhow::Result<()> {
+    let damaged = match read_superblock(dev) {
+        Ok(sb) => bail!(
+            "{name} already holds a flashtier cache for '{}' ({}); blocks not yet written back to \
+             that backing store would be lost. To keep them, first run `flashtier serve --cache \
+             {name} --backing {} --mode passthrough` (which writes them back), then format with \
+             --force",
+            sb.backing.name,
+            fmt_bytes(sb.backing.size),
+            sb.backing.name
+        ),
+        Err(EngineError::Format(FormatError::UnsupportedVersion(v))) => bail!(
+            "{name} holds a flashtier cache of format version {v}, written by another flashtier \
+             version; use that version to write its data back, or pass --force to overwrite it"
+        ),
+        Err(EngineError::Format(FormatError::Corrupt(why))) => Some(why),
+        Err(EngineError::Format(FormatError::NotACache)) => None,
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("cannot read {name}"))),
+    };
+    if damaged.is_none() {
+        let found = signature::probe(dev).with_context(|| format!("cannot read {name}"))?;
+        if let Some(sig) = found.first() {
+            bail!(
+                "{name} holds {} (`{}` signature at byte {}); formatting it would destroy it. \
+                 Pass --force to overwrite it anyway",
+                sig.what,
+                sig.name,
+                sig.offset
+            );
+        }
+    }
+    let size = dev.info().size;
+    if size >= 1 << 30 {
+        tracing::info!(
+            "reading {name} ({}) for the log of an earlier cache (--force skips this)",
+            fmt_bytes(size)
+        );
+    }
+    let mut next_report = 10;
+    let scan = flashtier_engine::scan::scan(dev, |done, total| {
+        if total >= 1 << 30 && done * 100 >= next_report * total {
+            tracing::info!("{next_report}% read");
+            next_report += 10;
+        }
+    })
+    .with_context(|| format!("cannot read {name}"))?;
+    let traces = if scan.found_dirty() {
+        format!(
+            "its log still holds dirty data: up to {} blocks in {} batch records and {} in its \
+             last checkpoint, which may be the only copy of writes its backing store never \
+             received",
+            scan.dirty_log_blocks, scan.batches, scan.dirty_checkpoint_blocks
+        )
+    } else {
+        String::new()
+    };
+    match (damaged, traces.is_empty()) {
+        (Some(why), true) => {
+            bail!("{name} holds a damaged flashtier cache ({why}); pass --force to overwrite it")
+        }
+        (Some(why), false) => bail!(
+            "{name} holds a damaged flashtier cache ({why}) and {traces}; pass --force to \
+             overwrite it"
+        ),
+        (None, false) => bail!(
+            "{name} holds the remains of a flashtier cache whose superblocks are gone, and \
+             {traces}; pass --force to overwrite it"
+        ),
+        (None, true) => Ok(()),
+    }
 }

@@ -1,11 +1,13 @@
 //! The `flashtier` command.
 
+mod adopt;
 mod backing;
 mod config_cmd;
 mod ctl;
 mod demo;
 mod format;
 mod serve;
+mod shutdown;
 mod units;
 
 use clap::{Parser, Subcommand};
@@ -51,8 +53,9 @@ enum Command {
     /// Show a live parameter of a running server (or `--all` of them, with defaults and allowed
     /// values).
     Get(ctl::GetArgs),
-    /// Change a live parameter of a running server, effective from the next request, without a
-    /// restart (`--persist` also writes it to the config file). Parameters are listed in --help.
+    /// Change live parameters of a running server, effective from the next request, without a
+    /// restart; several at once change together (`--persist` also writes them to the config
+    /// file). Parameters are listed in --help.
     Set(ctl::SetArgs),
     /// Switch a running server's cache mode live; leaving write-back first writes every dirty
     /// block back, with a progress bar.
@@ -110,14 +113,18 @@ fn main() {
     };
     if let Err(e) = result {
         eprintln!("flashtier: error: {}", error_chain(&e));
-        std::process::exit(1);
+        let code = match e.downcast_ref::<shutdown::CacheNotClosed>() {
+            Some(_) => shutdown::CacheNotClosed::EXIT_CODE,
+            None => 1,
+        };
+        std::process::exit(code);
     }
 }
 
 /// The error and its causes, `: `-separated, skipping a cause the message before it already
 /// quotes (library errors often embed their source in their text, and anyhow's `{:#}` would
 /// print it twice: "cannot listen on :80: Address already in use: Address already in use").
-fn error_chain(e: &anyhow::Error) -> String {
+pub(crate) fn error_chain(e: &anyhow::Error) -> String {
     let mut text = String::new();
     for cause in e.chain() {
         let part = cause.to_string();

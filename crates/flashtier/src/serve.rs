@@ -17,6 +17,7 @@ use flashtier_nbd::tls::{ServerTls, ServerTlsOptions, TlsMode};
 use flashtier_nbd::{Export, ListenAddr, Listener, Server, ServerConfig, ShutdownHandle};
 
 use crate::backing::{backing_identity, open_backing, open_cache_device, BackingOptions};
+use crate::shutdown;
 use crate::units::fmt_bytes;
 
 #[derive(Args, Debug)]
@@ -27,7 +28,12 @@ every second as `name value` lines) and RUN/stats.json beside it (the report of 
 use by another running server are skipped with a warning; paths given explicitly must be free.\n\n\
 With --config FILE, options come from the file's [serve] table and options on the command line \
 override them; its [policy] values are applied once the cache is open. `flashtier config check \
-FILE` validates a file.")]
+FILE` validates a file.\n\n\
+Exit status after SIGINT/SIGTERM: 0 when every request was answered, the export flushed and the \
+cache closed cleanly (final checkpoint written); 3 when the cache was not closed cleanly because \
+its device failed (while serving or at the final checkpoint): its data stays on the device and \
+the next start recovers its log; 1 for any other failure (the message says which), including not \
+starting at all; 2 for a bad command line; 130 after a second signal (exit without waiting).")]
 pub struct ServeArgs {
     /// Read options from this TOML file ([serve]: these options; [policy]: live parameters).
     /// Options given on the command line override the file. `flashtier set --persist` writes
@@ -167,6 +173,23 @@ pub struct ServeArgs {
     /// allowed values: `flashtier get --all`, or `flashtier set --help`. Needs a cache.
     #[arg(long = "set", value_name = "PARAM=VALUE", value_parser = parse_param_setting)]
     pub set: Vec<(String, String)>,
+
+    /// The backing store was replaced on purpose (a new disk, a restored or copied image): use
+    /// the cache for it although it was formatted for another one. The cache starts empty
+    /// (what it held belongs to the old store). Refused while it holds the old store's dirty
+    /// data, unless --discard-dirty. Command line only, never from the config file.
+    #[arg(long)]
+    pub accept_new_backing: bool,
+
+    /// With --accept-new-backing: drop the old backing store's dirty data (writes it never
+    /// received are LOST). Asks you to type `discard`; without a terminal it needs
+    /// --yes-discard-dirty-data.
+    #[arg(long, requires = "accept_new_backing")]
+    pub discard_dirty: bool,
+
+    /// Confirm --discard-dirty without the interactive question (for scripts).
+    #[arg(long, requires = "discard_dirty")]
+    pub yes_discard_dirty_data: bool,
 }
 
 fn parse_param_setting(s: &str) -> Result<(String, String), String> {
@@ -210,6 +233,8 @@ struct Settings {
     /// Live parameters to apply at open: the config file's [policy], then `--set` (which wins).
     policy: Vec<(String, String)>,
     config: Option<Config>,
+    /// `--accept-new-backing` and how to treat dirty data then.
+    adopt: Option<crate::adopt::AdoptOptions>,
 }
 
 impl Settings {
@@ -225,14 +250,37 @@ impl Settings {
         if mode.is_some() && cache.is_none() {
             anyhow::bail!("--mode needs a cache (--cache, or `cache` in the config file)");
         }
-        if !args.set.is_empty() && cache.is_none() {
+        let has_set = !args.set.is_empty();
+        if has_set && cache.is_none() {
             anyhow::bail!("--set needs a cache (--cache, or `cache` in the config file)");
         }
+        if args.accept_new_backing && cache.is_none() {
+            anyhow::bail!(
+                "--accept-new-backing needs a cache (--cache, or `cache` in the config file)"
+            );
+        }
+        let adopt = args
+            .accept_new_backing
+            .then_some(crate::adopt::AdoptOptions {
+                discard_dirty: args.discard_dirty,
+                yes_discard_dirty_data: args.yes_discard_dirty_data,
+            });
         let mut policy = config
             .as_ref()
             .map(|c| c.policy.clone())
             .unwrap_or_default();
         policy.extend(args.set);
+        // Values that constrain each other are checked as the file and --set leave them together.
+        flashtier_engine::tunables::validate_all(&policy).with_context(|| {
+            format!(
+                "the live parameters of {} do not fit together",
+                match (&config, has_set) {
+                    (Some(c), true) => format!("{} [policy] and --set", c.path.display()),
+                    (Some(c), false) => format!("{} [policy]", c.path.display()),
+                    (None, _) => "--set".to_string(),
+                }
+            )
+        })?;
         let run_dir = default_run_dir();
         let given = |p: Option<PathBuf>, default: &str| match p {
             Some(p) => (p, true),
@@ -294,24 +342,20 @@ impl Settings {
             endurance_tbw: args.endurance_tbw.or(file.endurance_tbw),
             policy,
             config,
+            adopt,
         })
     }
 }
 
 /// The directory for sockets and runtime files when none is given.
-pub fn default_run_dir() -> PathBuf {
-    // SAFETY: geteuid has no failure modes.
-    if unsafe { libc::geteuid() } == 0 {
-        return PathBuf::from("/run/flashtier");
-    }
-    match std::env::var_os("XDG_RUNTIME_DIR") {
-        Some(dir) => PathBuf::from(dir).join("flashtier"),
-        None => std::env::temp_dir().join(format!("flashtier-{}", unsafe { libc::geteuid() })),
-    }
-}
+pub use flashtier_control::run_dir::default_path as default_run_dir;
 
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let args = Settings::new(args)?;
+    // Created (0755) or checked (ours, writable only by us) before anything goes in it.
+    if args.listen.is_none() || !args.control_socket.1 || !args.stats_file.1 {
+        flashtier_control::run_dir::prepare(&default_run_dir())?;
+    }
     let listen = match &args.listen {
         Some(s) => ListenAddr::parse(s)?,
         None => ListenAddr::Unix(default_run_dir().join("nbd.sock")),
@@ -337,7 +381,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Every request the clients make is timed, cache or pass-through.
     let timed = Arc::new(Timed::new(export.clone()));
     let identity = backing_identity(&args.backing, backing.info().size)?;
-    let backing_name = identity.name.clone();
+    let backing_spec = args.backing.clone();
     let controller = Arc::new(Controller::new(ControllerOptions {
         dev: timed.clone(),
         cache: cache.clone(),
@@ -345,8 +389,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         endurance_tbw: args.endurance_tbw,
         persist: args.config.as_ref().map(|c| {
             let path = c.path.clone();
-            Box::new(move |name: &str, value: &str| {
-                config::persist(&path, name, value).map_err(Into::into)
+            Box::new(move |settings: &[(String, String)]| {
+                config::persist(&path, settings).map_err(Into::into)
             }) as PersistFn
         }),
         detach: Some(DetachOptions {
@@ -354,7 +398,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             backing,
             identity,
             open_device: Box::new(move |path: &str| {
-                open_attached_device(path, &backing_name).map_err(|e| format!("{e:#}").into())
+                open_attached_device(path, &backing_spec).map_err(|e| format!("{e:#}").into())
             }),
             policy: args.policy.clone(),
             mode: args.mode,
@@ -460,17 +504,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Stop answering control requests before the cache closes under them.
     plane.stop();
     // The cache attached now (a detach releasing it finishes first).
-    if let Some(cache) = controller.take_cache() {
-        // The server has flushed; a final checkpoint makes the next start near-instant.
-        let status = cache.status();
-        cache.close().context("closing the cache failed")?;
-        tracing::info!(
-            cached_blocks = status.cached_blocks,
-            dirty_blocks = status.dirty_blocks,
-            "cache closed cleanly"
-        );
-    }
-    served
+    shutdown::finish(controller.take_cache(), served)
 }
 
 /// Serving a disk beyond this machine without authentication is allowed, but never silently.
@@ -543,6 +577,9 @@ fn open_cache(
     }
     let identity = backing_identity(&args.backing, backing.info().size)?;
     let dev = open_cache_device(path)?;
+    if let Some(opts) = &args.adopt {
+        crate::adopt::adopt_new_backing(&*dev, path, &identity, opts)?;
+    }
     let cache = Cache::open(dev, backing, &identity, args.mode)
         .with_context(|| format!("cannot use cache {path}"))?;
     let r = cache.report();
@@ -563,21 +600,18 @@ fn open_cache(
             "cache recovered after an unclean shutdown"
         );
     }
-    // Live parameters from the config file and --set (validated when parsed; checked again here).
-    for (name, value) in &args.policy {
-        cache
-            .set_param(name, value)
-            .with_context(|| format!("parameter {name} = {value}"))?;
-    }
+    // Live parameters from the config file and --set, as one change (validated when parsed;
+    // checked again here).
+    cache
+        .set_params(&args.policy)
+        .context("cannot apply the live parameters")?;
     Ok(Arc::new(cache))
 }
 
 /// Opens `flashtier attach --cache PATH` as `--cache` is opened, refusing the backing store
-/// itself (`backing_name`: its canonical path), which the format that follows would destroy.
-fn open_attached_device(path: &str, backing_name: &str) -> anyhow::Result<Arc<dyn BlockDev>> {
-    if std::fs::canonicalize(path).is_ok_and(|p| p.to_string_lossy() == backing_name) {
-        anyhow::bail!("{path} is the backing store itself");
-    }
+/// itself (or anything sharing its storage), which the format that follows would destroy.
+fn open_attached_device(path: &str, backing: &str) -> anyhow::Result<Arc<dyn BlockDev>> {
+    crate::backing::refuse_backing_as_cache(path, backing)?;
     open_cache_device(path)
 }
 

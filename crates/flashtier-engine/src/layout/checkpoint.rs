@@ -14,13 +14,15 @@
 //!    40   4 open segment (u32::MAX: none), 44 4 blocks already used in it
 //!    48   8 index entries in the body
 //!    56   4 free segments in the body
-//!    60   4 reserved (0)
+//!    60   4 lost ranges in the body
 //!    64   8 body length in bytes
 //!    72   4 CRC32C of the body
 //!  4092   4 CRC32C of bytes 0..4092
 //! body:
 //!   free list: u32 segment numbers, in the order the log will use them
-//!   index:     16 bytes per cached block: slot u32, flags u32 (bit 0: dirty), LBA u64
+//!   index:     16 bytes per cached block: slot u32, CRC32C of the block's data u32,
+//!              LBA u64 with bit 63 set when the block is dirty
+//!   lost:      16 bytes per range of lost blocks: first LBA u64, block count u64
 //! ```
 
 use super::{le, FORMAT_VERSION};
@@ -29,13 +31,17 @@ use crate::FormatError;
 pub const MAGIC: &[u8; 8] = b"FLTCKPT\0";
 pub const HEADER_LEN: usize = 4096;
 const NO_SEGMENT: u32 = u32::MAX;
-const FLAG_DIRTY: u32 = 1;
+const LBA_DIRTY: u64 = 1 << 63;
+/// Bytes of one index entry, and of one lost range.
+pub const ENTRY_LEN: u64 = 16;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CheckpointEntry {
     pub slot: u32,
     pub lba: u64,
     pub dirty: bool,
+    /// CRC32C of the block's data in the slot, checked on every read of it.
+    pub crc: u32,
 }
 
 /// Where the log head was when the checkpoint was taken.
@@ -55,6 +61,8 @@ pub struct Checkpoint {
     /// Free segments in the order the log takes them after this checkpoint.
     pub free: Vec<u32>,
     pub entries: Vec<CheckpointEntry>,
+    /// Ranges `(first LBA, blocks)` whose newest data was lost: reads of them fail.
+    pub lost: Vec<(u64, u64)>,
 }
 
 /// The fixed part of a checkpoint, decoded before its body is read.
@@ -66,13 +74,14 @@ pub struct CheckpointHeader {
     pub open: Option<LogHead>,
     pub entry_count: u64,
     pub free_count: u32,
+    pub lost_count: u32,
     pub body_len: u64,
     pub body_crc: u32,
 }
 
 impl Checkpoint {
     pub fn body_len(&self) -> u64 {
-        self.free.len() as u64 * 4 + self.entries.len() as u64 * 16
+        self.free.len() as u64 * 4 + (self.entries.len() + self.lost.len()) as u64 * ENTRY_LEN
     }
 
     /// Header and body, padded with zeroes to a multiple of 4 KiB.
@@ -88,9 +97,14 @@ impl Checkpoint {
         }
         for e in &self.entries {
             le::put_u32(body, at, e.slot);
-            le::put_u32(body, at + 4, if e.dirty { FLAG_DIRTY } else { 0 });
-            le::put_u64(body, at + 8, e.lba);
-            at += 16;
+            le::put_u32(body, at + 4, e.crc);
+            le::put_u64(body, at + 8, e.lba | if e.dirty { LBA_DIRTY } else { 0 });
+            at += ENTRY_LEN as usize;
+        }
+        for &(lba, n) in &self.lost {
+            le::put_u64(body, at, lba);
+            le::put_u64(body, at + 8, n);
+            at += ENTRY_LEN as usize;
         }
         let body_crc = crc32c::crc32c(body);
         let h = &mut out[..HEADER_LEN];
@@ -104,6 +118,7 @@ impl Checkpoint {
         le::put_u32(h, 44, used);
         le::put_u64(h, 48, self.entries.len() as u64);
         le::put_u32(h, 56, self.free.len() as u32);
+        le::put_u32(h, 60, self.lost.len() as u32);
         le::put_u64(h, 64, body_len as u64);
         le::put_u32(h, 72, body_crc);
         let crc = crc32c::crc32c(&h[..HEADER_LEN - 4]);
@@ -135,12 +150,14 @@ impl Checkpoint {
             }),
             entry_count: le::u64(h, 48),
             free_count: le::u32(h, 56),
+            lost_count: le::u32(h, 60),
             body_len: le::u64(h, 64),
             body_crc: le::u32(h, 72),
         };
         let expected_len = header
             .entry_count
-            .checked_mul(16)
+            .checked_add(header.lost_count as u64)
+            .and_then(|n| n.checked_mul(ENTRY_LEN))
             .and_then(|n| n.checked_add(header.free_count as u64 * 4));
         if expected_len != Some(header.body_len) {
             return Err(FormatError::Corrupt(
@@ -166,13 +183,19 @@ impl Checkpoint {
             .chunks_exact(4)
             .map(|c| le::u32(c, 0))
             .collect();
-        let entries = body[free_bytes..]
-            .chunks_exact(16)
+        let lost_at = free_bytes + (header.entry_count * ENTRY_LEN) as usize;
+        let entries = body[free_bytes..lost_at]
+            .chunks_exact(ENTRY_LEN as usize)
             .map(|c| CheckpointEntry {
                 slot: le::u32(c, 0),
-                dirty: le::u32(c, 4) & FLAG_DIRTY != 0,
-                lba: le::u64(c, 8),
+                crc: le::u32(c, 4),
+                dirty: le::u64(c, 8) & LBA_DIRTY != 0,
+                lba: le::u64(c, 8) & !LBA_DIRTY,
             })
+            .collect();
+        let lost = body[lost_at..]
+            .chunks_exact(ENTRY_LEN as usize)
+            .map(|c| (le::u64(c, 0), le::u64(c, 8)))
             .collect();
         Ok(Checkpoint {
             number: header.number,
@@ -181,6 +204,7 @@ impl Checkpoint {
             open: header.open,
             free,
             entries,
+            lost,
         })
     }
 }
@@ -221,13 +245,16 @@ mod tests {
                     slot: 10,
                     lba: 1 << 33,
                     dirty: true,
+                    crc: 0xfeed_f00d,
                 },
                 CheckpointEntry {
                     slot: 11,
                     lba: 7,
                     dirty: false,
+                    crc: 1,
                 },
             ],
+            lost: vec![(100, 3)],
         }
     }
 
@@ -237,7 +264,7 @@ mod tests {
         let bytes = c.encode();
         assert_eq!(bytes.len(), 8192);
         let h = Checkpoint::decode_header(&bytes).unwrap();
-        assert_eq!(h.body_len, 3 * 4 + 2 * 16);
+        assert_eq!(h.body_len, 3 * 4 + 3 * 16);
         assert_eq!(
             Checkpoint::decode_body(&h, &bytes[HEADER_LEN..]).unwrap(),
             c
@@ -251,12 +278,20 @@ mod tests {
             "first free segment"
         );
         assert_eq!(&bytes[4108..4112], &10u32.to_le_bytes(), "first entry slot");
-        assert_eq!(&bytes[4112..4116], &1u32.to_le_bytes(), "first entry dirty");
+        assert_eq!(
+            &bytes[4112..4116],
+            &0xfeed_f00du32.to_le_bytes(),
+            "first entry crc"
+        );
         assert_eq!(
             &bytes[4116..4124],
-            &(1u64 << 33).to_le_bytes(),
-            "first entry lba"
+            &((1u64 << 33) | (1 << 63)).to_le_bytes(),
+            "first entry lba, dirty"
         );
+        assert_eq!(&bytes[4132..4140], &7u64.to_le_bytes(), "clean entry lba");
+        assert_eq!(&bytes[60..64], &1u32.to_le_bytes(), "lost ranges");
+        assert_eq!(&bytes[4140..4148], &100u64.to_le_bytes(), "lost range lba");
+        assert_eq!(&bytes[4148..4156], &3u64.to_le_bytes(), "lost range length");
     }
 
     #[test]
@@ -268,6 +303,7 @@ mod tests {
             open: None,
             free: (0..4).collect(),
             entries: vec![],
+            lost: vec![],
         };
         let bytes = c.encode();
         let h = Checkpoint::decode_header(&bytes).unwrap();
@@ -290,10 +326,10 @@ mod tests {
         assert!(Checkpoint::decode_body(&header, &b[HEADER_LEN..]).is_err());
         assert!(Checkpoint::decode_body(&header, &b[HEADER_LEN..HEADER_LEN + 8]).is_err());
         let mut v = bytes;
-        v[8] = 2;
+        v[8] = 3;
         assert!(matches!(
             Checkpoint::decode_header(&v),
-            Err(FormatError::UnsupportedVersion(2))
+            Err(FormatError::UnsupportedVersion(3))
         ));
     }
 }

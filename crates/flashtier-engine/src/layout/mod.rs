@@ -22,7 +22,7 @@ pub mod superblock;
 use crate::FormatError;
 
 /// The format this code writes and the only one it reads.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Size of a superblock copy and the unit of metadata alignment.
 pub const META_BLOCK: u64 = 4096;
@@ -101,8 +101,20 @@ impl Geometry {
     /// Bytes of one checkpoint slot able to hold every block of `segments` segments.
     fn checkpoint_slot_bytes(segments: u64, blocks_per_segment: u32) -> u64 {
         let entries = segments * blocks_per_segment as u64;
-        (checkpoint::HEADER_LEN as u64 + segments * 4 + entries * CHECKPOINT_ENTRY_LEN)
+        let lost = Self::lost_ranges_for(entries);
+        (checkpoint::HEADER_LEN as u64 + segments * 4 + (entries + lost) * CHECKPOINT_ENTRY_LEN)
             .next_multiple_of(META_BLOCK)
+    }
+
+    /// Ranges of lost blocks a checkpoint has room for, besides a full index.
+    fn lost_ranges_for(slots: u64) -> u64 {
+        (slots / 64).max(256)
+    }
+
+    /// Most ranges of lost blocks the cache can remember (what a checkpoint has room for): past
+    /// that much damage the cache fails rather than forget a loss.
+    pub fn max_lost_ranges(&self) -> u64 {
+        Self::lost_ranges_for(self.slot_count() as u64)
     }
 
     pub fn blocks_per_segment(&self) -> u32 {

@@ -19,12 +19,18 @@
 //!  96    8  log epoch (incremented at every open; batches of older epochs end the log)
 //! 104    8  format time (seconds since the epoch)
 //! 112    1  default mode, 113 1 reclaim policy, 114..120 reserved
-//! 120    2  backing identity length, 122.. identity (UTF-8, at most 1024 bytes)
+//! 120    2  backing store name length, 122.. name (UTF-8, at most 1024 bytes)
+//! 1152   2  backing fingerprint field count (at most 64), then from 1154 each field:
+//!           flags u8 (bit 0 required) | key length u8 | value length u16 | key | value
+//!           (keys: 1..=32 bytes of [a-z0-9_], unique; values: UTF-8, at most 1024 bytes;
+//!           every field ends before 4092)
 //! 4092   4  CRC32C of bytes 0..4092
 //! ```
 //!
 //! Copies alternate: generation g is written to copy g % 2, so a torn write leaves the previous
 //! generation intact in the other copy.
+
+pub use flashtier_io::identity::IdentityField;
 
 use super::{le, Geometry, FORMAT_VERSION, META_BLOCK};
 use crate::policy::{Mode, ReclaimPolicy};
@@ -34,13 +40,178 @@ pub const MAGIC: &[u8; 8] = b"FLASHTR\0";
 pub const LEN: usize = META_BLOCK as usize;
 const MAX_IDENTITY: usize = 1024;
 const FLAG_CLEAN: u32 = 1;
+const FINGERPRINT_AT: usize = 1152;
+const MAX_FIELDS: usize = 64;
+const MAX_KEY: usize = 32;
+const FIELD_REQUIRED: u8 = 1;
 
 /// What identifies the backing store a cache belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackingIdentity {
     pub size: u64,
-    /// Canonical path or NBD URI, as given to `format`.
+    /// Canonical path or NBD URI, as given to `format`: for people. It identifies the backing
+    /// store only when the fingerprint has no required field.
     pub name: String,
+    /// Facts that tell this backing store from others (`flashtier_io::identity`: inode and
+    /// birth time of a file, WWN or serial of a disk, server and export of NBD).
+    pub fingerprint: Vec<IdentityField>,
+}
+
+/// One way a backing store differs from the one a cache belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldDiff {
+    pub key: String,
+    pub expected: Option<String>,
+    pub found: Option<String>,
+}
+
+impl std::fmt::Display for FieldDiff {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let show = |v: &Option<String>| v.clone().unwrap_or_else(|| "(unknown)".into());
+        write!(
+            f,
+            "{}: expected {}, found {}",
+            self.key,
+            show(&self.expected),
+            show(&self.found)
+        )
+    }
+}
+
+/// How a backing store compares with the one a cache belongs to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IdentityCheck {
+    /// Required facts that differ: another backing store.
+    pub mismatches: Vec<FieldDiff>,
+    /// Facts that changed without making it another backing store (a path, a device number).
+    pub changes: Vec<FieldDiff>,
+}
+
+impl BackingIdentity {
+    /// Compares `found` (what is there now) with this identity (the cache's). The size and every
+    /// required field must match; a required field `found` cannot tell (a birth time the
+    /// filesystem no longer reports) is a mismatch too. Without any required field, the name
+    /// must match.
+    pub fn check(&self, found: &BackingIdentity) -> IdentityCheck {
+        let mut out = IdentityCheck::default();
+        if self.size != found.size {
+            out.mismatches.push(FieldDiff {
+                key: "size".into(),
+                expected: Some(self.size.to_string()),
+                found: Some(found.size.to_string()),
+            });
+        }
+        let value = |key: &str| {
+            found
+                .fingerprint
+                .iter()
+                .find(|f| f.key == key)
+                .map(|f| f.value.clone())
+        };
+        for f in &self.fingerprint {
+            let now = value(&f.key);
+            if now.as_deref() == Some(f.value.as_str()) {
+                continue;
+            }
+            let diff = FieldDiff {
+                key: f.key.clone(),
+                expected: Some(f.value.clone()),
+                found: now,
+            };
+            if f.required {
+                out.mismatches.push(diff);
+            } else {
+                out.changes.push(diff);
+            }
+        }
+        if self.name != found.name {
+            let diff = FieldDiff {
+                key: "name".into(),
+                expected: Some(self.name.clone()),
+                found: Some(found.name.clone()),
+            };
+            if self.fingerprint.iter().any(|f| f.required) {
+                out.changes.push(diff);
+            } else {
+                out.mismatches.push(diff);
+            }
+        }
+        out
+    }
+}
+
+fn encode_fingerprint(fields: &[IdentityField], b: &mut [u8; LEN]) -> Result<(), FormatError> {
+    let bad = |why: String| Err(FormatError::Invalid(format!("backing fingerprint: {why}")));
+    if fields.len() > MAX_FIELDS {
+        return bad(format!("more than {MAX_FIELDS} fields"));
+    }
+    le::put_u16(b, FINGERPRINT_AT, fields.len() as u16);
+    let mut at = FINGERPRINT_AT + 2;
+    for (i, f) in fields.iter().enumerate() {
+        let (k, v) = (f.key.as_bytes(), f.value.as_bytes());
+        if !valid_key(k) || fields[..i].iter().any(|g| g.key == f.key) {
+            return bad(format!("bad or repeated key '{}'", f.key));
+        }
+        if v.len() > MAX_IDENTITY {
+            return bad(format!("value of '{}' is too long", f.key));
+        }
+        let end = at + 4 + k.len() + v.len();
+        if end > LEN - 4 {
+            return bad("does not fit the superblock".into());
+        }
+        b[at] = if f.required { FIELD_REQUIRED } else { 0 };
+        b[at + 1] = k.len() as u8;
+        le::put_u16(b, at + 2, v.len() as u16);
+        b[at + 4..at + 4 + k.len()].copy_from_slice(k);
+        b[at + 4 + k.len()..end].copy_from_slice(v);
+        at = end;
+    }
+    Ok(())
+}
+
+fn valid_key(k: &[u8]) -> bool {
+    (1..=MAX_KEY).contains(&k.len())
+        && k.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
+}
+
+fn decode_fingerprint(b: &[u8]) -> Result<Vec<IdentityField>, FormatError> {
+    let bad = |why: &str| Err(FormatError::Corrupt(format!("backing fingerprint: {why}")));
+    let count = le::u16(b, FINGERPRINT_AT) as usize;
+    if count > MAX_FIELDS {
+        return bad("too many fields");
+    }
+    let mut fields: Vec<IdentityField> = Vec::with_capacity(count);
+    let mut at = FINGERPRINT_AT + 2;
+    for _ in 0..count {
+        if at + 4 > LEN - 4 {
+            return bad("truncated");
+        }
+        let flags = b[at];
+        let (klen, vlen) = (b[at + 1] as usize, le::u16(b, at + 2) as usize);
+        let end = at + 4 + klen + vlen;
+        if flags & !FIELD_REQUIRED != 0 || vlen > MAX_IDENTITY || end > LEN - 4 {
+            return bad("malformed field");
+        }
+        let key = &b[at + 4..at + 4 + klen];
+        if !valid_key(key) {
+            return bad("bad key");
+        }
+        let key = String::from_utf8(key.to_vec()).expect("ASCII");
+        if fields.iter().any(|f| f.key == key) {
+            return bad("repeated key");
+        }
+        let Ok(value) = std::str::from_utf8(&b[at + 4 + klen..end]) else {
+            return bad("value is not UTF-8");
+        };
+        fields.push(IdentityField {
+            key,
+            value: value.to_string(),
+            required: flags & FIELD_REQUIRED != 0,
+        });
+        at = end;
+    }
+    Ok(fields)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,6 +257,7 @@ impl Superblock {
         b[113] = self.reclaim as u8;
         le::put_u16(&mut b, 120, id.len() as u16);
         b[122..122 + id.len()].copy_from_slice(id);
+        encode_fingerprint(&self.backing.fingerprint, &mut b)?;
         let crc = crc32c::crc32c(&b[..LEN - 4]);
         le::put_u32(&mut b, LEN - 4, crc);
         Ok(b)
@@ -112,6 +284,7 @@ impl Superblock {
         let name = std::str::from_utf8(&b[122..122 + id_len])
             .map_err(|_| FormatError::Corrupt("backing identity is not UTF-8".into()))?
             .to_string();
+        let fingerprint = decode_fingerprint(b)?;
         let geometry = Geometry {
             block_size: le::u32(b, 40),
             segment_size: le::u32(b, 44),
@@ -150,6 +323,7 @@ impl Superblock {
             backing: BackingIdentity {
                 size: le::u64(b, 88),
                 name,
+                fingerprint,
             },
             epoch: le::u64(b, 96),
             created: le::u64(b, 104),
@@ -219,11 +393,24 @@ mod tests {
         Superblock {
             generation: 7,
             uuid: [9; 16],
-            geometry: Geometry::compute(256 << 20, 4096, 1 << 20).unwrap(),
+            // Literal, not computed: the layout test below spells these bytes out.
+            geometry: Geometry {
+                block_size: 4096,
+                segment_size: 1 << 20,
+                segment_count: 253,
+                checkpoint_offset: 8192,
+                checkpoint_slot_size: 1_044_480,
+                data_offset: 2_097_152,
+            },
             device_size: 256 << 20,
             backing: BackingIdentity {
                 size: 1 << 30,
                 name: "/var/lib/backing.img".into(),
+                fingerprint: vec![
+                    IdentityField::required("kind", "file"),
+                    IdentityField::required("ino", "42"),
+                    IdentityField::info("dev", "8:1"),
+                ],
             },
             epoch: 3,
             created: 1_790_000_000,
@@ -240,26 +427,153 @@ mod tests {
         assert_eq!(Superblock::decode(&bytes).unwrap(), sb);
     }
 
-    /// The committed bytes of a version-1 superblock must keep decoding: a change to the format
-    /// that breaks this needs a new FORMAT_VERSION.
+    /// Version-2 superblock bytes laid out by hand, field by field, must decode to `sample()`
+    /// and `sample()` must encode to exactly them: a change to the format that breaks this
+    /// needs a new FORMAT_VERSION.
     #[test]
-    fn decodes_the_version_1_layout() {
-        let bytes = sample().encode().unwrap();
-        assert_eq!(&bytes[0..8], b"FLASHTR\0");
-        assert_eq!(&bytes[8..12], &1u32.to_le_bytes());
-        assert_eq!(&bytes[12..16], &1u32.to_le_bytes(), "clean flag");
-        assert_eq!(&bytes[16..24], &7u64.to_le_bytes(), "generation");
-        assert_eq!(&bytes[40..44], &4096u32.to_le_bytes(), "block size");
-        assert_eq!(&bytes[44..48], &(1u32 << 20).to_le_bytes(), "segment size");
-        assert_eq!(&bytes[88..96], &(1u64 << 30).to_le_bytes(), "backing size");
-        assert_eq!(&bytes[96..104], &3u64.to_le_bytes(), "epoch");
-        assert_eq!(bytes[112], Mode::WriteBack as u8);
-        assert_eq!(&bytes[120..122], &20u16.to_le_bytes());
-        assert_eq!(&bytes[122..142], b"/var/lib/backing.img");
+    fn decodes_the_version_2_layout() {
+        let mut b = [0u8; LEN];
+        let mut put = |at: usize, bytes: &[u8]| b[at..at + bytes.len()].copy_from_slice(bytes);
+        put(0, b"FLASHTR\0");
+        put(8, &2u32.to_le_bytes());
+        put(12, &1u32.to_le_bytes()); // clean
+        put(16, &7u64.to_le_bytes()); // generation
+        put(24, &[9; 16]); // uuid
+        put(40, &4096u32.to_le_bytes());
+        put(44, &(1u32 << 20).to_le_bytes());
+        put(48, &253u32.to_le_bytes()); // segments
+        put(56, &8192u64.to_le_bytes()); // checkpoint offset
+        put(64, &1_044_480u64.to_le_bytes()); // checkpoint slot size
+        put(72, &2_097_152u64.to_le_bytes()); // data offset
+        put(80, &(256u64 << 20).to_le_bytes()); // device size
+        put(88, &(1u64 << 30).to_le_bytes()); // backing size
+        put(96, &3u64.to_le_bytes()); // epoch
+        put(104, &1_790_000_000u64.to_le_bytes()); // created
+        put(112, &[1, 2]); // write-back, lru
+        put(120, &20u16.to_le_bytes());
+        put(122, b"/var/lib/backing.img");
+        put(1152, &3u16.to_le_bytes()); // fingerprint fields
+        put(1154, &[1, 4, 4, 0]);
+        put(1158, b"kindfile");
+        put(1166, &[1, 3, 2, 0]);
+        put(1170, b"ino42");
+        put(1175, &[0, 3, 3, 0]);
+        put(1179, b"dev8:1");
+        let crc = crc32c::crc32c(&b[..4092]);
+        b[4092..].copy_from_slice(&crc.to_le_bytes());
+        let expected = sample();
+        assert_eq!(Superblock::decode(&b).unwrap(), expected);
+        assert_eq!(expected.encode().unwrap(), b);
+    }
+
+    fn with_fingerprint(bytes: &[u8], at: usize, patch: &[u8]) -> Result<Superblock, FormatError> {
+        let mut b: [u8; LEN] = bytes.try_into().unwrap();
+        b[at..at + patch.len()].copy_from_slice(patch);
+        let crc = crc32c::crc32c(&b[..LEN - 4]);
+        le::put_u32(&mut b, LEN - 4, crc);
+        Superblock::decode(&b)
+    }
+
+    #[test]
+    fn malformed_fingerprints_are_corrupt_and_unencodable_ones_refused() {
+        let good = sample().encode().unwrap();
+        for (what, at, patch) in [
+            ("too many fields", 1152, &65u16.to_le_bytes()[..]),
+            ("more fields than bytes", 1152, &64u16.to_le_bytes()[..]),
+            ("unknown flag", 1154, &[3][..]),
+            ("empty key", 1155, &[0][..]),
+            ("upper-case key", 1158, b"K"),
+            ("repeated key", 1179, b"ino"),
+            ("value past the end", 1156, &0xfff0u16.to_le_bytes()[..]),
+            ("value not UTF-8", 1162, &[0xff][..]),
+        ] {
+            assert!(
+                matches!(
+                    with_fingerprint(&good, at, patch),
+                    Err(FormatError::Corrupt(_))
+                ),
+                "{what}"
+            );
+        }
+        let mut sb = sample();
+        sb.backing.fingerprint.push(IdentityField::info("ino", "1"));
+        assert!(sb.encode().is_err(), "repeated key encoded");
+        let mut sb = sample();
+        sb.backing.fingerprint = (0..40)
+            .map(|i| IdentityField::info(&format!("k{i}"), "x".repeat(100)))
+            .collect();
+        assert!(sb.encode().is_err(), "oversized fingerprint encoded");
+    }
+
+    fn ident(fields: &[(&str, &str, bool)]) -> BackingIdentity {
+        BackingIdentity {
+            size: 1 << 30,
+            name: "/b.img".into(),
+            fingerprint: fields
+                .iter()
+                .map(|&(k, v, required)| IdentityField {
+                    key: k.into(),
+                    value: v.into(),
+                    required,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn identity_check_names_each_required_difference_and_notes_the_rest() {
+        let cache = ident(&[
+            ("kind", "file", true),
+            ("ino", "12", true),
+            ("btime", "1.5", true),
+            ("dev", "8:1", false),
+        ]);
+        assert_eq!(cache.check(&cache), IdentityCheck::default());
+        // Renamed, and the device number changed after a reboot: the same file.
+        let mut moved = ident(&[
+            ("kind", "file", true),
+            ("ino", "12", true),
+            ("btime", "1.5", true),
+            ("dev", "0:44", false),
+        ]);
+        moved.name = "/elsewhere.img".into();
+        let c = cache.check(&moved);
+        assert!(c.mismatches.is_empty(), "{c:?}");
+        assert_eq!(c.changes.len(), 2);
+        // Another file at the same path, same size: the inode number may even be reused.
+        let mut other = ident(&[
+            ("kind", "file", true),
+            ("ino", "12", true),
+            ("btime", "9.1", true),
+        ]);
+        other.size = 1 << 30;
+        let c = cache.check(&other);
         assert_eq!(
-            &bytes[4092..4096],
-            &crc32c::crc32c(&bytes[..4092]).to_le_bytes()
+            c.mismatches,
+            vec![FieldDiff {
+                key: "btime".into(),
+                expected: Some("1.5".into()),
+                found: Some("9.1".into()),
+            }]
         );
+        assert_eq!(
+            c.mismatches[0].to_string(),
+            "btime: expected 1.5, found 9.1"
+        );
+        // A fact that cannot be told now is not taken as a match; nor is another size.
+        let mut unknown = ident(&[("kind", "file", true), ("ino", "12", true)]);
+        unknown.size = 4096;
+        let keys: Vec<_> = cache
+            .check(&unknown)
+            .mismatches
+            .into_iter()
+            .map(|d| d.key)
+            .collect();
+        assert_eq!(keys, ["size", "btime"]);
+        // Without a fingerprint, the name is what identifies.
+        let (a, mut b) = (ident(&[]), ident(&[]));
+        b.name = "/other".into();
+        assert_eq!(a.check(&b).mismatches[0].key, "name");
     }
 
     #[test]
@@ -275,12 +589,14 @@ mod tests {
             Superblock::decode(&[0u8; LEN]),
             Err(FormatError::NotACache)
         ));
-        let mut v2 = good;
-        v2[8..12].copy_from_slice(&2u32.to_le_bytes());
-        assert!(matches!(
-            Superblock::decode(&v2),
-            Err(FormatError::UnsupportedVersion(2))
-        ));
+        for old_or_new in [1u32, 3] {
+            let mut other = good;
+            other[8..12].copy_from_slice(&old_or_new.to_le_bytes());
+            assert!(matches!(
+                Superblock::decode(&other),
+                Err(FormatError::UnsupportedVersion(v)) if v == old_or_new
+            ));
+        }
         // Consistent checksum, impossible geometry.
         let mut bad = sample();
         bad.geometry.segment_count = 1 << 30;
@@ -315,13 +631,13 @@ mod tests {
     fn one_copy_of_an_unknown_version_refuses_the_device() {
         let mut newer = sample();
         newer.generation = 8;
-        let mut v2 = newer.encode().unwrap();
-        v2[8] = 2;
-        let v1 = sample().encode().unwrap();
-        for (a, b) in [(&v2, &v1), (&v1, &v2)] {
+        let mut v3 = newer.encode().unwrap();
+        v3[8] = 3;
+        let v2 = sample().encode().unwrap();
+        for (a, b) in [(&v3, &v2), (&v2, &v3)] {
             assert!(matches!(
                 Superblock::choose(a, b),
-                Err(FormatError::UnsupportedVersion(2))
+                Err(FormatError::UnsupportedVersion(3))
             ));
         }
     }

@@ -31,6 +31,7 @@ pub fn ident(size: u64) -> BackingIdentity {
     BackingIdentity {
         size,
         name: "test-backing".into(),
+        fingerprint: Vec::new(),
     }
 }
 

@@ -4,7 +4,10 @@
 //! `--background`, `--cancel`, over a slow NBD backing store), `reset-stats`, the stats
 //! file and its JSON, Prometheus metrics read by the reference Python parser, `config check`,
 //! a failing backing store (nbdkit's error filter: degraded, dirty data kept, background
-//! write-back retried, EIO on read misses, recovery), and the error when no server answers.
+//! write-back retried, EIO on read misses, recovery), watermarks that would cross refused from
+//! every source and moved together by one `set`, 100 idle control connections not locking
+//! `status` out, a failed cache device exiting 3 ("not closed cleanly") at SIGTERM, and the
+//! error when no server answers.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -550,6 +553,177 @@ fn set_persist_writes_the_config_file_and_a_restart_reads_it() {
             && err.contains("1..=86400"),
         "unclear refusal of a bad config: {err}"
     );
+}
+
+/// Runs `flashtier ARGS`, expected to refuse and exit; a server that starts instead is stopped
+/// after 20 s (exit 124), failing the caller's check rather than hanging the test.
+fn refused(args: &[&str]) -> Output {
+    run_any(Command::new("timeout").arg("20").arg(BIN).args(args))
+}
+
+/// Watermarks that would cross are refused wherever they come from (`serve --set`, the config
+/// file's `[policy]`, `config check`, `flashtier set`), in any order, naming both values; a
+/// pair set in one command moves both, and persists both.
+#[test]
+fn crossed_watermarks_are_refused_everywhere_and_a_pair_moves_together() {
+    let setup = Setup::new();
+    let both = "writeback_dirty_low_pct (80) must be below writeback_dirty_high_pct (10)";
+    let low = "writeback_dirty_low_pct=80";
+    let high = "writeback_dirty_high_pct=10";
+    for sets in [[low, high], [high, low]] {
+        let out = refused(&[
+            "serve",
+            "--backing",
+            path_str(&setup.backing),
+            "--cache",
+            path_str(&setup.cache),
+            "--control-socket",
+            path_str(&setup.control),
+            "--stats-file",
+            path_str(&setup.stats_file),
+            "--listen",
+            path_str(&setup.path().join("nbd.sock")),
+            "--set",
+            sets[0],
+            "--set",
+            sets[1],
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.code() == Some(1) && err.contains(both) && err.contains("--set"),
+            "serve --set {sets:?}:\n{}",
+            text(&out)
+        );
+    }
+    let config = setup.path().join("flashtier.toml");
+    for policy in [
+        "writeback_dirty_low_pct = 80\nwriteback_dirty_high_pct = 10\n",
+        "writeback_dirty_high_pct = 10\nwriteback_dirty_low_pct = 80\n",
+    ] {
+        std::fs::write(&config, format!("[policy]\n{policy}")).unwrap();
+        for cmd in [
+            &["config", "check", path_str(&config)][..],
+            &[
+                "serve",
+                "--config",
+                path_str(&config),
+                "--backing",
+                path_str(&setup.backing),
+                "--cache",
+                path_str(&setup.cache),
+            ][..],
+        ] {
+            let out = refused(cmd);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(
+                out.status.code() == Some(1) && err.contains(both) && err.contains(":3:"),
+                "{cmd:?} with {policy:?}:\n{}",
+                text(&out)
+            );
+        }
+    }
+    // The file's [policy] and --set together: each fine alone, crossed together.
+    std::fs::write(&config, "[policy]\nwriteback_dirty_low_pct = 60\n").unwrap();
+    let out = refused(&[
+        "serve",
+        "--config",
+        path_str(&config),
+        "--backing",
+        path_str(&setup.backing),
+        "--cache",
+        path_str(&setup.cache),
+        "--set",
+        "writeback_dirty_high_pct=55",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.code() == Some(1)
+            && err.contains(
+                "writeback_dirty_low_pct (60) must be below writeback_dirty_high_pct (55)"
+            ),
+        "{}",
+        text(&out)
+    );
+
+    // Live: one at a time, a crossing value is refused naming both and the way out.
+    std::fs::write(
+        &config,
+        format!(
+            "[serve]\nbacking = \"{}\"\ncache = \"{}\"\nlisten = \"{}\"\ncontrol_socket = \"{}\"\n\
+             stats_file = \"{}\"\n",
+            path_str(&setup.backing),
+            path_str(&setup.cache),
+            path_str(&setup.path().join("nbd.sock")),
+            path_str(&setup.control),
+            path_str(&setup.stats_file),
+        ),
+    )
+    .unwrap();
+    let server = Server::start(&["--config", path_str(&config)]);
+    let err = setup.ctl_fails(&["set", "writeback_dirty_low_pct", "80"]);
+    assert!(
+        err.contains(
+            "writeback_dirty_low_pct (80) must be below writeback_dirty_high_pct (70, the \
+             current value)"
+        ) && err.contains("flashtier set writeback_dirty_high_pct 90 writeback_dirty_low_pct 80"),
+        "{err}"
+    );
+    let err = setup.ctl_fails(&["set", "writeback_dirty_high_pct", "10"]);
+    assert!(
+        err.contains(
+            "writeback_dirty_low_pct (50, the current value) must be below \
+                      writeback_dirty_high_pct (10)"
+        ),
+        "{err}"
+    );
+    let err = setup.ctl_fails(&[
+        "set",
+        "writeback_dirty_low_pct",
+        "80",
+        "writeback_dirty_high_pct",
+        "10",
+        "--persist",
+    ]);
+    assert!(err.contains(both), "{err}");
+    assert_eq!(
+        setup.ctl_ok(&["get", "writeback_dirty_low_pct"]).trim(),
+        "50"
+    );
+    assert_eq!(
+        setup.ctl_ok(&["get", "writeback_dirty_high_pct"]).trim(),
+        "70"
+    );
+    assert!(!std::fs::read_to_string(&config)
+        .unwrap()
+        .contains("writeback"));
+    // Both in one command: applied and persisted together.
+    let said = setup.ctl_ok(&[
+        "set",
+        "writeback_dirty_low_pct",
+        "80",
+        "writeback_dirty_high_pct",
+        "90",
+        "--persist",
+    ]);
+    assert_eq!(
+        said,
+        "writeback_dirty_low_pct = 80\nwriteback_dirty_high_pct = 90\n"
+    );
+    assert_eq!(
+        setup.ctl_ok(&["get", "writeback_dirty_low_pct"]).trim(),
+        "80"
+    );
+    server.stop();
+    let server = Server::start(&["--config", path_str(&config)]);
+    assert_eq!(
+        setup.ctl_ok(&["get", "writeback_dirty_low_pct"]).trim(),
+        "80"
+    );
+    assert_eq!(
+        setup.ctl_ok(&["get", "writeback_dirty_high_pct"]).trim(),
+        "90"
+    );
+    server.stop();
 }
 
 #[test]
@@ -1194,6 +1368,213 @@ fn stats_file_is_refreshed_and_agrees_with_its_json_and_stats_json() {
         stamp(&setup.stats_file) > t0 && stamp(&json_path) > j0,
         "the stats file was not rewritten within 1.3 s"
     );
+    server.stop();
+}
+
+/// 100 control connections that do nothing (half silent, half trickling a request line that
+/// never ends) cannot lock the operator out: each `flashtier status` gets in within a second or
+/// two, evicting the connection idle longest, and the server stops cleanly afterwards.
+#[test]
+fn idle_control_connections_never_lock_the_operator_out() {
+    use std::io::{Read, Write};
+    use std::os::unix::net::UnixStream;
+    let setup = Setup::new();
+    let server = setup.serve(&[]);
+    let mut idle: Vec<UnixStream> = (0..100)
+        .map(|i| {
+            let mut s = UnixStream::connect(&setup.control).expect("connect");
+            if i % 2 == 1 {
+                s.write_all(b"{\"op\":\"rep").unwrap();
+            }
+            s
+        })
+        .collect();
+    for round in 0..5 {
+        let started = Instant::now();
+        let out = setup.ctl(&["status"]);
+        let took = started.elapsed();
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("health"),
+            "round {round}: status was locked out by idle connections:\n{}",
+            text(&out)
+        );
+        assert!(
+            took < Duration::from_secs(2),
+            "round {round}: status took {took:?}"
+        );
+    }
+    // Beyond the 64 slots, each new connection evicted an idle one, which was told why.
+    let told = idle
+        .iter_mut()
+        .filter(|s| {
+            let s: &UnixStream = s;
+            s.set_read_timeout(Some(Duration::from_millis(50))).unwrap();
+            let mut said = String::new();
+            let _ = (&mut &*s).read_to_string(&mut said);
+            said.contains("idle longest")
+        })
+        .count();
+    assert!(told >= 36, "only {told} evicted connections were told why");
+    drop(idle);
+    server.stop();
+}
+
+/// A tmpfs of a given size mounted on a directory, unmounted when dropped: a file system that
+/// fills up on demand.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        run(Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir));
+        Tmpfs(dir.to_path_buf())
+    }
+
+    fn resize(&self, size: &str) {
+        run(Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.0));
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        if !quiet(Command::new("umount").arg(&self.0)) {
+            quiet(Command::new("umount").arg("-l").arg(&self.0));
+        }
+    }
+}
+
+/// A cache device that fails (its file system full: a 32 MiB sparse cache file on a 2 MiB
+/// tmpfs) is not "closed cleanly" at SIGTERM: the server exits 3 saying the cache was not
+/// closed cleanly and why. Given the space back, the next start recovers every write that was
+/// flushed before the failure. The same when only the final checkpoint finds no space. Then
+/// it closes cleanly (exit 0).
+#[test]
+fn a_failed_cache_device_is_never_reported_closed_cleanly() {
+    let dir = Scratch::new();
+    let backing = dir.path().join("backing");
+    random_file(&backing, BACKING as usize, 23);
+    let template = dir.path().join("cache");
+    let out = flashtier(&[
+        "format",
+        "--cache",
+        path_str(&template),
+        "--backing",
+        path_str(&backing),
+        "--size",
+        "32M",
+        "--segment-size",
+        "1M",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let small = Tmpfs::mount(&dir.path().join("small"), "2m");
+    let cache = small.0.join("cache");
+    run(Command::new("cp")
+        .arg("--sparse=always")
+        .arg(&template)
+        .arg(&cache));
+    let control = dir.path().join("control.sock");
+    let stats = dir.path().join("stats");
+    let args = [
+        "--cache",
+        path_str(&cache),
+        "--control-socket",
+        path_str(&control),
+        "--stats-file",
+        path_str(&stats),
+    ];
+    let health = || {
+        let out = run_any(
+            Command::new(BIN)
+                .args(["status", "--control"])
+                .arg(&control),
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find(|l| l.starts_with("health"))
+            .unwrap_or("")
+            .to_string()
+    };
+    let mut server = Server::on_socket(dir.path(), path_str(&backing), &args);
+    // 1 MiB writes, each flushed, until the device fails; remember which were flushed.
+    let mut flushed = Vec::new();
+    for i in 0..16u64 {
+        let (ok, _) = try_qemu_io(
+            &server.uri,
+            &[
+                format!("write -P {} {} 1M", 0x40 + i, i * MIB),
+                "flush".into(),
+            ],
+        );
+        if ok {
+            flushed.push(i);
+        }
+        if health().contains("failed") {
+            break;
+        }
+    }
+    assert!(
+        health().contains("failed"),
+        "the cache device never failed: {}",
+        health()
+    );
+    assert!(!flushed.is_empty(), "not even the first write fitted");
+    let status = server.signal_and_wait(libc::SIGTERM);
+    let log = server.log();
+    assert_eq!(
+        status.code(),
+        Some(3),
+        "exit status after SIGTERM with a failed cache:\n{log}"
+    );
+    assert!(
+        log.contains("NOT closed cleanly") && log.contains("its device failed while serving"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("cache closed cleanly"),
+        "a failed cache was reported closed cleanly:\n{log}"
+    );
+    drop(server);
+
+    // The space back: the log is recovered, every flushed write is there.
+    small.resize("64m");
+    let server = Server::on_socket(dir.path(), path_str(&backing), &args);
+    assert!(
+        server.log().contains("recovered after an unclean shutdown"),
+        "{}",
+        server.log()
+    );
+    let reads: Vec<String> = flushed
+        .iter()
+        .map(|i| format!("read -P {} {} 1M", 0x40 + i, i * MIB))
+        .collect();
+    qemu_io(&server.uri, &reads);
+
+    // Now the device fails only at the end, when the final checkpoint needs space that is gone.
+    qemu_io(&server.uri, &["write -P 0x33 40M 1M", "flush"]);
+    let filler = small.0.join("filler");
+    let _ = run_any(
+        Command::new("dd")
+            .args(["if=/dev/zero", "bs=1M"])
+            .arg(format!("of={}", filler.display())),
+    );
+    let mut server = server;
+    let status = server.signal_and_wait(libc::SIGTERM);
+    let log = server.log();
+    assert_eq!(status.code(), Some(3), "{log}");
+    assert!(
+        log.contains("NOT closed cleanly") && log.contains("writing its final checkpoint failed"),
+        "{log}"
+    );
+    assert!(!log.contains("cache closed cleanly"), "{log}");
+    drop(server);
+    std::fs::remove_file(&filler).unwrap();
+    let server = Server::on_socket(dir.path(), path_str(&backing), &args);
+    qemu_io(&server.uri, &["read -P 0x33 40M 1M"]);
+    qemu_io(&server.uri, &reads);
     server.stop();
 }
 

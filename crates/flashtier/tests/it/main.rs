@@ -8,6 +8,8 @@ mod cache_cli;
 mod control;
 mod crash;
 mod detach;
+mod disk_safety;
+mod files;
 mod harness;
 mod hostile;
 mod mariadb;
