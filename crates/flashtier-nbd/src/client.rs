@@ -621,18 +621,7 @@ fn handshake(
     };
     let mut have_export = false;
     loop {
-        let mut h = [0u8; 20];
-        stream.read_exact(&mut h).map_err(io)?;
-        if wire::be64(&h[0..8]) != wire::OPTION_REPLY_MAGIC || wire::be32(&h[8..12]) != opt::GO {
-            return Err(ClientError::Protocol("malformed option reply".into()));
-        }
-        let reply_type = wire::be32(&h[12..16]);
-        let len = wire::be32(&h[16..20]);
-        if len > 64 * 1024 {
-            return Err(ClientError::Protocol("oversized option reply".into()));
-        }
-        let mut data = vec![0u8; len as usize];
-        stream.read_exact(&mut data).map_err(io)?;
+        let (reply_type, data) = read_option_reply(&mut stream, opt::GO)?;
         match reply_type {
             rep::ACK if have_export => return Ok(n),
             rep::ACK => {
@@ -668,9 +657,22 @@ fn handshake(
 /// Asks for TLS; anything but an ACK is a refusal (never a reason to go on in plain text).
 fn starttls(stream: &mut &Stream) -> Result<(), ClientError> {
     send_option(stream, opt::STARTTLS, &[]).map_err(ClientError::Handshake)?;
+    let (reply_type, data) = read_option_reply(stream, opt::STARTTLS)?;
+    if reply_type == rep::ACK {
+        return Ok(());
+    }
+    Err(ClientError::Tls(format!(
+        "the server refused TLS (reply {:#x}: {})",
+        reply_type,
+        String::from_utf8_lossy(&data)
+    )))
+}
+
+/// Reads one reply to `option`: its type and data.
+fn read_option_reply(stream: &mut impl Read, option: u32) -> Result<(u32, Vec<u8>), ClientError> {
     let mut h = [0u8; 20];
     stream.read_exact(&mut h).map_err(ClientError::Handshake)?;
-    if wire::be64(&h[0..8]) != wire::OPTION_REPLY_MAGIC || wire::be32(&h[8..12]) != opt::STARTTLS {
+    if wire::be64(&h[0..8]) != wire::OPTION_REPLY_MAGIC || wire::be32(&h[8..12]) != option {
         return Err(ClientError::Protocol("malformed option reply".into()));
     }
     let reply_type = wire::be32(&h[12..16]);
@@ -682,14 +684,7 @@ fn starttls(stream: &mut &Stream) -> Result<(), ClientError> {
     stream
         .read_exact(&mut data)
         .map_err(ClientError::Handshake)?;
-    if reply_type == rep::ACK {
-        return Ok(());
-    }
-    Err(ClientError::Tls(format!(
-        "the server refused TLS (reply {:#x}: {})",
-        reply_type,
-        String::from_utf8_lossy(&data)
-    )))
+    Ok((reply_type, data))
 }
 
 fn export_name_fallback(
