@@ -3,6 +3,9 @@
 set -euo pipefail
 
 packages=(
+    libssl-dev      # OpenSSL for TLS (the openssl crate builds against it)
+    pkg-config      # how the openssl crate finds it
+    openssl         # the CLI: TLS tests make their certificates and keys with it
     nbdkit          # reference NBD server; emulated slow/faulty backing stores
     libnbd-bin      # nbdinfo, nbdcopy, nbdfuse
     python3-libnbd  # libnbd from Python (/usr/bin/python3)

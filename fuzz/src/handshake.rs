@@ -6,7 +6,8 @@
 //! - each option's outcome (ACK or which errors) follows the spec from the payload: LIST and
 //!   STRUCTURED_REPLY take no data, INFO/GO and the meta context options parse exactly and name
 //!   this export (or the default, empty name), meta contexts need structured replies first,
-//!   `base:allocation` is selected exactly when asked for, unknown options get ERR_UNSUP and
+//!   `base:allocation` is selected exactly when asked for, STARTTLS gets ERR_POLICY (TLS is off
+//!   here; TLS is tested against real clients), unknown options get ERR_UNSUP and
 //!   payloads over 64 KiB ERR_TOO_BIG;
 //! - INFO/GO report the export's size and flags (`SEND_DF` exactly when structured replies were
 //!   negotiated) and valid block sizes, and NAME/DESCRIPTION when asked;
@@ -20,7 +21,9 @@
 use std::io::{self, Cursor, Read, Write};
 use std::sync::atomic::AtomicBool;
 
-use flashtier_nbd::handshake::{negotiate, Outcome, Session};
+use flashtier_nbd::handshake::{negotiate, Options, Outcome, Plain, Session};
+use flashtier_nbd::limits::{ConnState, Limits};
+use flashtier_nbd::tls::TlsMode;
 use flashtier_nbd::transmission::{serve, Params};
 use flashtier_nbd::wire::{self, handshake as hflag, info, opt, rep, tflag};
 
@@ -68,7 +71,16 @@ pub fn run(data: &[u8]) -> Ended {
         input: Cursor::new(data),
         out: Vec::new(),
     };
-    let result = negotiate(&mut conn, &export, MAX_PAYLOAD, &AtomicBool::new(false));
+    let options = Options {
+        max_payload: MAX_PAYLOAD,
+        tls: TlsMode::Off,
+    };
+    let result = negotiate(
+        &mut Plain(&mut conn),
+        &export,
+        &options,
+        &AtomicBool::new(false),
+    );
     let ended = match &result {
         Ok(Outcome::Transmission(s)) => Ended::Transmission(*s),
         Ok(Outcome::Closed) => Ended::Closed,
@@ -81,11 +93,17 @@ pub fn run(data: &[u8]) -> Ended {
             consumed, expected_consumed,
             "the handshake consumed {consumed} bytes, but the options end at {expected_consumed}"
         );
+        // Budgets smaller than most requests: with one thread each is admitted alone.
+        let limits = Limits::new(8192, 4096, 0, Box::new(|_| {}));
+        let conn = ConnState::new(limits.memory_per_connection);
         let params = Params {
             export: &export,
             session,
             max_payload: MAX_PAYLOAD,
             threads: 1,
+            limits: &limits,
+            conn: &conn,
+            wait_readable: &|_| true,
         };
         serve(&params, &data[consumed..], io::sink(), &|| {});
         crate::reset(&mem, 0..DEV_SIZE);
@@ -299,6 +317,11 @@ fn check(input: &[u8], out: &[u8], ended: Ended) -> usize {
                 if !listing {
                     st.base_allocation = id;
                 }
+            }
+            // TLS is off in this target: refused by policy, with or without (invalid) data.
+            opt::STARTTLS => {
+                let r = replies(&mut out, option);
+                assert_one_error(&r, option, &[rep::ERR_POLICY, rep::ERR_INVALID]);
             }
             _ => {
                 let r = replies(&mut out, option);

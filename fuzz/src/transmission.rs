@@ -42,6 +42,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use flashtier_io::BlockDev;
 use flashtier_nbd::handshake::{Session, BASE_ALLOCATION_ID};
+use flashtier_nbd::limits::{ConnState, Limits};
 use flashtier_nbd::transmission::{serve, Params};
 use flashtier_nbd::wire::{cmd, cmd_flag, errno, reply, tflag};
 use flashtier_nbd::wire::{REQUEST_MAGIC, SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC};
@@ -133,11 +134,17 @@ pub fn run(data: &[u8]) -> Answers {
     };
     let cfg = Config::from_byte(cfg_byte);
     let (export, mem) = crate::export(cfg.dev_read_only, cfg.force_read_only, cfg.quirky);
+    // Budgets smaller than most requests: with one thread each is admitted alone.
+    let limits = Limits::new(8192, 4096, 0, Box::new(|_| {}));
+    let conn = ConnState::new(limits.memory_per_connection);
     let params = Params {
         export: &export,
         session: cfg.session(),
         max_payload: cfg.max_payload,
         threads: 1,
+        limits: &limits,
+        conn: &conn,
+        wait_readable: &|_| true,
     };
     let mut out = Vec::new();
     let hung_up = AtomicBool::new(false);

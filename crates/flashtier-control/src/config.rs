@@ -32,6 +32,11 @@ pub struct ServeConfig {
     pub backing: Option<String>,
     pub cache: Option<String>,
     pub listen: Option<String>,
+    /// `off`, `on` or `require`.
+    pub tls: Option<String>,
+    pub tls_certificates: Option<String>,
+    pub tls_psk: Option<String>,
+    pub tls_verify_peer: Option<bool>,
     /// A valid mode's canonical name (`writeback`, ...).
     pub mode: Option<String>,
     pub export_name: Option<String>,
@@ -39,6 +44,10 @@ pub struct ServeConfig {
     pub direct: Option<bool>,
     pub threads: Option<u32>,
     pub max_connections: Option<u32>,
+    pub handshake_timeout: Option<u32>,
+    pub request_memory_mib: Option<u32>,
+    pub request_memory_per_connection_mib: Option<u32>,
+    pub worker_pool: Option<u32>,
     pub shutdown_grace: Option<u64>,
     pub control_socket: Option<String>,
     pub metrics_listen: Option<String>,
@@ -55,12 +64,20 @@ impl ServeConfig {
             s(&self.backing),
             s(&self.cache),
             s(&self.listen),
+            s(&self.tls),
+            s(&self.tls_certificates),
+            s(&self.tls_psk),
+            self.tls_verify_peer.map(|v| v.to_string()),
             s(&self.mode),
             s(&self.export_name),
             self.read_only.map(|v| v.to_string()),
             self.direct.map(|v| v.to_string()),
             n(self.threads.map(u64::from)),
             n(self.max_connections.map(u64::from)),
+            n(self.handshake_timeout.map(u64::from)),
+            n(self.request_memory_mib.map(u64::from)),
+            n(self.request_memory_per_connection_mib.map(u64::from)),
+            n(self.worker_pool.map(u64::from)),
             n(self.shutdown_grace),
             s(&self.control_socket),
             s(&self.metrics_listen),
@@ -98,6 +115,10 @@ pub enum Example {
 pub const MAX_THREADS: u32 = 1024;
 /// Most client connections (as `flashtier serve --max-connections`).
 pub const MAX_CONNECTIONS: u32 = 65536;
+/// Largest request memory budget in MiB (as `--request-memory-mib`): 1 TiB.
+pub const MAX_REQUEST_MEMORY_MIB: u32 = 1 << 20;
+/// Largest shared worker pool (as `--worker-pool`).
+pub const MAX_WORKER_POOL: u32 = 65536;
 
 /// Every `[serve]` key, in the order the example file and `config check` show them.
 pub const SERVE_KEYS: &[KeyInfo] = &[
@@ -125,6 +146,39 @@ pub const SERVE_KEYS: &[KeyInfo] = &[
         default: "/run/flashtier/nbd.sock as root, else $XDG_RUNTIME_DIR/flashtier/nbd.sock",
         allowed: "a socket path or [HOST]:PORT",
         example: Example::Set("\"/run/flashtier/nbd.sock\""),
+    },
+    KeyInfo {
+        name: "tls",
+        doc: "TLS (NBD's STARTTLS): off, on (clients may upgrade) or require (nothing but \
+              STARTTLS is answered before TLS runs: every client must authenticate). Needs \
+              tls_certificates or tls_psk. Use require whenever listen names an address other \
+              machines can reach.",
+        default: "off",
+        allowed: "off | on | require",
+        example: Example::Commented("\"require\""),
+    },
+    KeyInfo {
+        name: "tls_certificates",
+        doc: "X.509 credentials for TLS: a directory with server-cert.pem and server-key.pem \
+              (and ca-cert.pem for tls_verify_peer), as nbdkit's --tls-certificates.",
+        default: "none",
+        allowed: "a directory",
+        example: Example::Commented("\"/etc/flashtier/pki\""),
+    },
+    KeyInfo {
+        name: "tls_psk",
+        doc: "Pre-shared keys for TLS: a file of username:hexkey lines (as nbdkit's --tls-psk \
+              and qemu's keys.psk), mode 0600.",
+        default: "none",
+        allowed: "a path",
+        example: Example::Commented("\"/etc/flashtier/keys.psk\""),
+    },
+    KeyInfo {
+        name: "tls_verify_peer",
+        doc: "With tls_certificates: require a client certificate signed by ca-cert.pem.",
+        default: "false",
+        allowed: "true | false",
+        example: Example::Commented("false"),
     },
     KeyInfo {
         name: "mode",
@@ -168,10 +222,48 @@ pub const SERVE_KEYS: &[KeyInfo] = &[
     },
     KeyInfo {
         name: "max_connections",
-        doc: "Most client connections served at once; more are refused.",
+        doc: "Most client connections served at once. When all are taken, a new client gets the \
+              slot of one that is still in its handshake after 1 s, connected but unused for 1 s, \
+              not reading its replies for 2 s, or idle for 10 s (in that order, longest first); \
+              with none of those it is refused.",
         default: "256",
         allowed: "1..=65536",
         example: Example::Commented("256"),
+    },
+    KeyInfo {
+        name: "handshake_timeout",
+        doc: "Seconds a client has to finish the handshake (the TLS handshake included), counted \
+              from when it connected, however slowly it sends.",
+        default: "10",
+        allowed: "1..=3600",
+        example: Example::Commented("10"),
+    },
+    KeyInfo {
+        name: "request_memory_mib",
+        doc: "MiB of request payload (READ replies, WRITE data) held at once for all clients \
+              together. When it is spent, connections stop reading requests until replies drain, \
+              and a client that has not read its replies for 2 s is disconnected to make room.",
+        default: "1024",
+        allowed: "1..=1048576",
+        example: Example::Commented("1024"),
+    },
+    KeyInfo {
+        name: "request_memory_per_connection_mib",
+        doc: "MiB of request payload one connection may hold; a client that does not read its \
+              replies stops being read from once they fill it. A single larger request is still \
+              served alone.",
+        default: "64",
+        allowed: "1..=1048576",
+        example: Example::Commented("64"),
+    },
+    KeyInfo {
+        name: "worker_pool",
+        doc: "Worker threads shared by all connections, beyond each connection's own thread \
+              (which is all an idle connection has). Extra threads start as requests arrive and \
+              stop after 5 s without work.",
+        default: "512",
+        allowed: "0..=65536",
+        example: Example::Commented("512"),
     },
     KeyInfo {
         name: "shutdown_grace",
@@ -472,6 +564,16 @@ impl Parser<'_> {
                 "backing" => s.backing = Some(string()?),
                 "cache" => s.cache = Some(string()?),
                 "listen" => s.listen = Some(string()?),
+                "tls" => {
+                    let v = string()?;
+                    if !matches!(v.as_str(), "off" | "on" | "require") {
+                        return Err(wrong());
+                    }
+                    s.tls = Some(v);
+                }
+                "tls_certificates" => s.tls_certificates = Some(string()?),
+                "tls_psk" => s.tls_psk = Some(string()?),
+                "tls_verify_peer" => s.tls_verify_peer = Some(boolean()?),
                 "mode" => {
                     let v = string()?;
                     let m = Mode::from_str(&v).map_err(|_| {
@@ -486,6 +588,15 @@ impl Parser<'_> {
                 "max_connections" => {
                     s.max_connections = Some(integer(1, MAX_CONNECTIONS.into())? as u32)
                 }
+                "handshake_timeout" => s.handshake_timeout = Some(integer(1, 3600)? as u32),
+                "request_memory_mib" => {
+                    s.request_memory_mib = Some(integer(1, MAX_REQUEST_MEMORY_MIB.into())? as u32)
+                }
+                "request_memory_per_connection_mib" => {
+                    s.request_memory_per_connection_mib =
+                        Some(integer(1, MAX_REQUEST_MEMORY_MIB.into())? as u32)
+                }
+                "worker_pool" => s.worker_pool = Some(integer(0, MAX_WORKER_POOL.into())? as u32),
                 "shutdown_grace" => s.shutdown_grace = Some(integer(0, i64::MAX)? as u64),
                 "control_socket" => s.control_socket = Some(string()?),
                 "metrics_listen" => {
@@ -711,12 +822,20 @@ mod tests {
 backing = "/dev/sdb"
 cache = "/dev/nvme0n1p1"
 listen = "/run/flashtier/nbd.sock"
+tls = "require"
+tls_certificates = "/etc/flashtier/pki"
+tls_psk = "/etc/flashtier/keys.psk"
+tls_verify_peer = true
 mode = "write-through"
 export_name = "db"
 read_only = false
 direct = true
 threads = 8
 max_connections = 65536
+handshake_timeout = 5
+request_memory_mib = 2048
+request_memory_per_connection_mib = 32
+worker_pool = 0
 shutdown_grace = 0
 control_socket = "/run/flashtier/control.sock"
 metrics_listen = ":9633"
@@ -749,12 +868,20 @@ writeback_max_io_kib = 512
             backing: Some("/dev/sdb".into()),
             cache: Some("/dev/nvme0n1p1".into()),
             listen: Some("/run/flashtier/nbd.sock".into()),
+            tls: Some("require".into()),
+            tls_certificates: Some("/etc/flashtier/pki".into()),
+            tls_psk: Some("/etc/flashtier/keys.psk".into()),
+            tls_verify_peer: Some(true),
             mode: Some("writethrough".into()),
             export_name: Some("db".into()),
             read_only: Some(false),
             direct: Some(true),
             threads: Some(8),
             max_connections: Some(65536),
+            handshake_timeout: Some(5),
+            request_memory_mib: Some(2048),
+            request_memory_per_connection_mib: Some(32),
+            worker_pool: Some(0),
             shutdown_grace: Some(0),
             control_socket: Some("/run/flashtier/control.sock".into()),
             metrics_listen: Some(":9633".into()),
@@ -806,7 +933,7 @@ writeback_max_io_kib = 512
         }
         // entries() shows every set key.
         assert!(c.serve.entries().iter().all(|(_, v)| v.is_some()));
-        assert_eq!(c.serve.entries()[7].1.as_deref(), Some("8"));
+        assert_eq!(c.serve.entries()[11].1.as_deref(), Some("8"));
         assert_eq!(c.serve.entries()[0].1.as_deref(), Some("\"/dev/sdb\""));
         // An empty file is a valid config that sets nothing.
         assert_eq!(parse(path(), "").unwrap().serve, ServeConfig::default());

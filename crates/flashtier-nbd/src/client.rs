@@ -5,6 +5,10 @@
 //! write lock and sleep on their own completion slot; a reader thread matches replies to slots by
 //! handle. If the connection breaks, every waiting request fails with `EIO` and the next request
 //! reconnects (and checks that the export is still the same size).
+//!
+//! With an `nbds://` or `nbds+unix://` URI the client sends `NBD_OPT_STARTTLS` first and refuses
+//! to go on if the server does not upgrade (no downgrade to plain text); the TLS session is a
+//! [`TlsStream`], which the senders and the reader thread share.
 
 use std::collections::HashMap;
 use std::io::{self, IoSlice, Read, Write};
@@ -15,6 +19,7 @@ use flashtier_io::{write_zero_buffers, AlignedBuf, BlockDev, DevInfo, ZeroOpts};
 
 use crate::errmap::io_error;
 use crate::net::Stream;
+use crate::tls::{ClientCredentials, ClientTls, PskKeys, TlsIo, TlsStream};
 use crate::uri::NbdUri;
 use crate::wire::{self, cmd, cmd_flag, info, opt, rep, tflag, RequestHeader};
 use crate::ClientError;
@@ -35,6 +40,7 @@ struct Negotiated {
 
 pub struct NbdClient {
     uri: NbdUri,
+    tls: Option<Arc<ClientTls>>,
     info: DevInfo,
     flags: u16,
     max_payload: u32,
@@ -44,7 +50,7 @@ pub struct NbdClient {
 }
 
 struct Conn {
-    stream: Stream,
+    stream: Transport,
     /// Serialises request headers and payloads on the stream.
     send: Mutex<()>,
     pending: Mutex<Pending>,
@@ -85,7 +91,8 @@ impl NbdClient {
     /// Connects to `uri` and negotiates the export.
     pub fn connect(uri: &str) -> Result<NbdClient, ClientError> {
         let uri = NbdUri::parse(uri)?;
-        let (conn, n) = Conn::open(&uri)?;
+        let tls = client_tls(&uri)?.map(Arc::new);
+        let (conn, n) = Conn::open(&uri, tls.as_deref())?;
         let read_only = n.flags & tflag::READ_ONLY != 0;
         let info = DevInfo {
             size: n.size,
@@ -101,6 +108,7 @@ impl NbdClient {
         };
         Ok(NbdClient {
             uri,
+            tls,
             info,
             flags: n.flags,
             max_payload: n.max_payload.clamp(4096, MAX_REQUEST),
@@ -124,7 +132,7 @@ impl NbdClient {
             .clone();
         if let Some(reason) = dead {
             tracing::warn!(uri = %self.uri.addr, %reason, "NBD backing connection lost; reconnecting");
-            let (fresh, n) = Conn::open(&self.uri)
+            let (fresh, n) = Conn::open(&self.uri, self.tls.as_deref())
                 .map_err(|e| io::Error::other(format!("reconnect to backing failed: {e}")))?;
             if n.size != self.info.size || n.flags != self.flags {
                 fresh.close();
@@ -256,7 +264,8 @@ impl BlockDev for NbdClient {
         } else {
             format!(" export '{}'", self.uri.export)
         };
-        format!("NBD server {}{export}", self.uri.addr)
+        let tls = if self.tls.is_some() { " over TLS" } else { "" };
+        format!("NBD server {}{export}{tls}", self.uri.addr)
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
@@ -359,7 +368,83 @@ fn is_aligned_range(offset: u64, len: usize, align: usize) -> bool {
     (offset | len as u64).is_multiple_of(align as u64)
 }
 
-fn send_all(mut stream: &Stream, header: &[u8], payload: &[u8]) -> io::Result<()> {
+/// The client's connection: plain, or TLS over the socket (kept to shut it down).
+enum Transport {
+    Plain(Stream),
+    Tls(TlsStream, Stream),
+}
+
+impl Transport {
+    fn socket(&self) -> &Stream {
+        match self {
+            Transport::Plain(s) | Transport::Tls(_, s) => s,
+        }
+    }
+
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        self.socket().shutdown(how)
+    }
+}
+
+impl Read for &Transport {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Transport::Plain(s) => (&*s).read(buf),
+            Transport::Tls(t, _) => t.read_until(buf, None),
+        }
+    }
+}
+
+impl Write for &Transport {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Transport::Plain(s) => (&*s).write(buf),
+            Transport::Tls(t, _) => t.write_until(buf, None),
+        }
+    }
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        match self {
+            Transport::Plain(s) => (&*s).write_vectored(bufs),
+            Transport::Tls(t, _) => TlsIo {
+                tls: t,
+                deadline: None,
+            }
+            .write_vectored(bufs),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The TLS configuration an `nbds` URI asks for (None for plain `nbd` URIs).
+fn client_tls(uri: &NbdUri) -> Result<Option<ClientTls>, ClientError> {
+    let Some(t) = &uri.tls else { return Ok(None) };
+    let creds = match &t.psk_file {
+        Some(path) => {
+            let keys = PskKeys::load(path).map_err(|e| ClientError::Tls(e.to_string()))?;
+            let username = match &t.username {
+                Some(u) => u.clone(),
+                None => std::env::var("USER").map_err(|_| {
+                    ClientError::Tls(
+                        "no PSK user name: give tls-username= or user@ in the URI".into(),
+                    )
+                })?,
+            };
+            ClientCredentials::Psk { username, keys }
+        }
+        None => ClientCredentials::X509 {
+            dir: t.certificates.clone(),
+            verify_peer: t.verify_peer,
+            hostname: t.hostname.clone(),
+        },
+    };
+    ClientTls::new(&creds)
+        .map(Some)
+        .map_err(|e| ClientError::Tls(e.to_string()))
+}
+
+fn send_all(mut stream: &Transport, header: &[u8], payload: &[u8]) -> io::Result<()> {
     let mut slices = [IoSlice::new(header), IoSlice::new(payload)];
     let mut bufs = &mut slices[..];
     while !bufs.is_empty() {
@@ -374,10 +459,11 @@ fn send_all(mut stream: &Stream, header: &[u8], payload: &[u8]) -> io::Result<()
 }
 
 impl Conn {
-    fn open(uri: &NbdUri) -> Result<(Arc<Conn>, Negotiated), ClientError> {
+    fn open(uri: &NbdUri, tls: Option<&ClientTls>) -> Result<(Arc<Conn>, Negotiated), ClientError> {
         let connect_err = |e: io::Error| ClientError::Connect(uri.addr.to_string(), e);
-        let mut stream = Stream::connect(&uri.addr).map_err(connect_err)?;
-        let negotiated = handshake(&mut stream, &uri.export)?;
+        let socket = Stream::connect(&uri.addr).map_err(connect_err)?;
+        let mut stream = Transport::Plain(socket);
+        let negotiated = handshake(&mut stream, &uri.export, tls)?;
         let conn = Arc::new(Conn {
             stream,
             send: Mutex::new(()),
@@ -475,10 +561,18 @@ impl Conn {
     }
 }
 
-/// Client side of the fixed-newstyle handshake: NBD_OPT_GO, or NBD_OPT_EXPORT_NAME for servers too
-/// old to know GO.
-fn handshake(stream: &mut Stream, export: &str) -> Result<Negotiated, ClientError> {
+/// Client side of the fixed-newstyle handshake: NBD_OPT_STARTTLS first when `tls` is given, then
+/// NBD_OPT_GO, or NBD_OPT_EXPORT_NAME for servers too old to know GO.
+fn handshake(
+    transport: &mut Transport,
+    export: &str,
+    tls: Option<&ClientTls>,
+) -> Result<Negotiated, ClientError> {
     let io = ClientError::Handshake;
+    let Transport::Plain(stream) = &*transport else {
+        return Err(ClientError::Protocol("handshake on a TLS transport".into()));
+    };
+    let mut stream = stream;
     let mut b = [0u8; 18];
     stream.read_exact(&mut b).map_err(io)?;
     if wire::be64(&b[0..8]) != wire::NBDMAGIC {
@@ -501,13 +595,23 @@ fn handshake(stream: &mut Stream, export: &str) -> Result<Negotiated, ClientErro
         client_flags |= wire::handshake::C_NO_ZEROES;
     }
     stream.write_all(&client_flags.to_be_bytes()).map_err(io)?;
+    if let Some(tls) = tls {
+        starttls(&mut stream)?;
+        let socket = stream.try_clone().map_err(io)?;
+        let session = tls
+            .connect(&socket, None)
+            .map_err(|e| ClientError::Tls(e.to_string()))?;
+        tracing::debug!(server = session.peer(), "TLS session established");
+        *transport = Transport::Tls(session, socket);
+    }
+    let mut stream = &*transport;
 
     let mut go = Vec::new();
     go.extend_from_slice(&(export.len() as u32).to_be_bytes());
     go.extend_from_slice(export.as_bytes());
     go.extend_from_slice(&1u16.to_be_bytes());
     go.extend_from_slice(&info::BLOCK_SIZE.to_be_bytes());
-    send_option(stream, opt::GO, &go).map_err(io)?;
+    send_option(&mut stream, opt::GO, &go).map_err(io)?;
 
     let mut n = Negotiated {
         size: 0,
@@ -517,18 +621,7 @@ fn handshake(stream: &mut Stream, export: &str) -> Result<Negotiated, ClientErro
     };
     let mut have_export = false;
     loop {
-        let mut h = [0u8; 20];
-        stream.read_exact(&mut h).map_err(io)?;
-        if wire::be64(&h[0..8]) != wire::OPTION_REPLY_MAGIC || wire::be32(&h[8..12]) != opt::GO {
-            return Err(ClientError::Protocol("malformed option reply".into()));
-        }
-        let reply_type = wire::be32(&h[12..16]);
-        let len = wire::be32(&h[16..20]);
-        if len > 64 * 1024 {
-            return Err(ClientError::Protocol("oversized option reply".into()));
-        }
-        let mut data = vec![0u8; len as usize];
-        stream.read_exact(&mut data).map_err(io)?;
+        let (reply_type, data) = read_option_reply(&mut stream, opt::GO)?;
         match reply_type {
             rep::ACK if have_export => return Ok(n),
             rep::ACK => {
@@ -548,7 +641,7 @@ fn handshake(stream: &mut Stream, export: &str) -> Result<Negotiated, ClientErro
                 }
                 _ => {}
             },
-            rep::ERR_UNSUP => return export_name_fallback(stream, export, no_zeroes),
+            rep::ERR_UNSUP => return export_name_fallback(&mut stream, export, no_zeroes),
             t if rep::is_error(t) => {
                 return Err(ClientError::Refused {
                     export: export.to_string(),
@@ -561,8 +654,41 @@ fn handshake(stream: &mut Stream, export: &str) -> Result<Negotiated, ClientErro
     }
 }
 
+/// Asks for TLS; anything but an ACK is a refusal (never a reason to go on in plain text).
+fn starttls(stream: &mut &Stream) -> Result<(), ClientError> {
+    send_option(stream, opt::STARTTLS, &[]).map_err(ClientError::Handshake)?;
+    let (reply_type, data) = read_option_reply(stream, opt::STARTTLS)?;
+    if reply_type == rep::ACK {
+        return Ok(());
+    }
+    Err(ClientError::Tls(format!(
+        "the server refused TLS (reply {:#x}: {})",
+        reply_type,
+        String::from_utf8_lossy(&data)
+    )))
+}
+
+/// Reads one reply to `option`: its type and data.
+fn read_option_reply(stream: &mut impl Read, option: u32) -> Result<(u32, Vec<u8>), ClientError> {
+    let mut h = [0u8; 20];
+    stream.read_exact(&mut h).map_err(ClientError::Handshake)?;
+    if wire::be64(&h[0..8]) != wire::OPTION_REPLY_MAGIC || wire::be32(&h[8..12]) != option {
+        return Err(ClientError::Protocol("malformed option reply".into()));
+    }
+    let reply_type = wire::be32(&h[12..16]);
+    let len = wire::be32(&h[16..20]);
+    if len > 64 * 1024 {
+        return Err(ClientError::Protocol("oversized option reply".into()));
+    }
+    let mut data = vec![0u8; len as usize];
+    stream
+        .read_exact(&mut data)
+        .map_err(ClientError::Handshake)?;
+    Ok((reply_type, data))
+}
+
 fn export_name_fallback(
-    stream: &mut Stream,
+    stream: &mut &Transport,
     export: &str,
     no_zeroes: bool,
 ) -> Result<Negotiated, ClientError> {
@@ -578,7 +704,7 @@ fn export_name_fallback(
     })
 }
 
-fn send_option(stream: &mut Stream, option: u32, data: &[u8]) -> io::Result<()> {
+fn send_option<W: Write>(stream: &mut W, option: u32, data: &[u8]) -> io::Result<()> {
     let mut m = Vec::with_capacity(16 + data.len());
     m.extend_from_slice(&wire::IHAVEOPT.to_be_bytes());
     m.extend_from_slice(&option.to_be_bytes());

@@ -4,12 +4,63 @@
 //! ones `ERR_INVALID`, so a confused client learns what went wrong instead of seeing the socket
 //! close. Only a broken framing (bad magic, unknown client flags) or `EXPORT_NAME` for a name we do
 //! not serve ends the connection, as the spec requires.
+//!
+//! TLS follows the spec and nbdkit: with [`TlsMode::Require`] (the spec's FORCEDTLS) every option
+//! but `STARTTLS` and `ABORT` gets `ERR_TLS_REQD` until TLS runs, and `EXPORT_NAME` (which cannot
+//! be refused) ends the connection; with [`TlsMode::On`] a client may upgrade or not; with
+//! [`TlsMode::Off`] `STARTTLS` gets `ERR_POLICY`. After `STARTTLS` the meta context chosen before
+//! it is forgotten, as the spec requires.
 
 use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::export::Export;
+use crate::tls::TlsMode;
 use crate::wire::{self, info, opt, rep, tflag};
+
+/// The connection the handshake runs on: a byte stream that can be upgraded to TLS in place.
+pub trait Channel: Read + Write {
+    /// Whether TLS runs on this channel.
+    fn tls_active(&self) -> bool;
+    /// Runs the server side of the TLS handshake; called right after the ACK to `STARTTLS`.
+    /// An error ends the connection (there is no way back to plain text).
+    fn start_tls(&mut self) -> io::Result<()>;
+}
+
+/// A channel without TLS (tests, fuzzing, unix sockets of a server with TLS off).
+pub struct Plain<S>(pub S);
+
+impl<S: Read> Read for Plain<S> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.0.read(buf)
+    }
+}
+
+impl<S: Write> Write for Plain<S> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.write(buf)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.flush()
+    }
+}
+
+impl<S: Read + Write> Channel for Plain<S> {
+    fn tls_active(&self) -> bool {
+        false
+    }
+    fn start_tls(&mut self) -> io::Result<()> {
+        Err(io::Error::other("this channel cannot run TLS"))
+    }
+}
+
+/// What the server offers in the handshake.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Largest READ/WRITE payload advertised.
+    pub max_payload: u32,
+    pub tls: TlsMode,
+}
 
 /// Payloads up to this size are read and parsed; larger ones are drained and refused with
 /// `ERR_TOO_BIG`. Real options are a few hundred bytes at most.
@@ -48,12 +99,13 @@ struct Haggle<'a, S> {
 }
 
 /// Runs the handshake on `stream` until the client enters transmission or leaves.
-pub fn negotiate<S: Read + Write>(
+pub fn negotiate<S: Channel>(
     stream: &mut S,
     export: &Export,
-    max_payload: u32,
+    options: &Options,
     shutting_down: &AtomicBool,
 ) -> io::Result<Outcome> {
+    let max_payload = options.max_payload;
     let mut greeting = Vec::with_capacity(18);
     greeting.extend_from_slice(&wire::NBDMAGIC.to_be_bytes());
     greeting.extend_from_slice(&wire::IHAVEOPT.to_be_bytes());
@@ -106,6 +158,16 @@ pub fn negotiate<S: Read + Write>(
         let mut payload = vec![0u8; len as usize];
         h.stream.read_exact(&mut payload)?;
 
+        let tls_required = options.tls == TlsMode::Require && !h.stream.tls_active();
+        if tls_required && option != opt::STARTTLS && option != opt::ABORT {
+            if option == opt::EXPORT_NAME {
+                tracing::info!("client asked for the export without TLS, which is required");
+                return Ok(Outcome::Closed);
+            }
+            h.reply_error(option, rep::ERR_TLS_REQD, "TLS is required: use STARTTLS")?;
+            continue;
+        }
+
         if shutting_down.load(Ordering::Relaxed) && option != opt::ABORT {
             if option == opt::EXPORT_NAME {
                 return Ok(Outcome::Closed);
@@ -122,7 +184,7 @@ pub fn negotiate<S: Read + Write>(
                 return Ok(Outcome::Closed);
             }
             opt::LIST => h.list(&payload)?,
-            opt::STARTTLS => h.reply_error(option, rep::ERR_UNSUP, "TLS is not supported")?,
+            opt::STARTTLS => h.starttls(options.tls, &payload)?,
             opt::INFO | opt::GO => {
                 if let Some(session) = h.info_or_go(option, &payload)? {
                     return Ok(Outcome::Transmission(session));
@@ -142,7 +204,25 @@ pub fn negotiate<S: Read + Write>(
     }
 }
 
-impl<S: Read + Write> Haggle<'_, S> {
+impl<S: Channel> Haggle<'_, S> {
+    fn starttls(&mut self, mode: TlsMode, payload: &[u8]) -> io::Result<()> {
+        let option = opt::STARTTLS;
+        if !payload.is_empty() {
+            return self.reply_error(option, rep::ERR_INVALID, "STARTTLS takes no data");
+        }
+        if mode == TlsMode::Off {
+            return self.reply_error(option, rep::ERR_POLICY, "TLS is not enabled on this server");
+        }
+        if self.stream.tls_active() {
+            return self.reply_error(option, rep::ERR_INVALID, "TLS is already running");
+        }
+        self.reply(option, rep::ACK, &[])?;
+        self.stream.start_tls()?;
+        // Per-export state negotiated in plain text must not carry over (the spec).
+        self.base_allocation = None;
+        Ok(())
+    }
+
     fn reply(&mut self, option: u32, reply_type: u32, data: &[u8]) -> io::Result<()> {
         self.out.clear();
         self.out

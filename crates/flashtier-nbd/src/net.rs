@@ -144,6 +144,7 @@ impl Listener {
                 let (s, peer) = l.accept()?;
                 s.set_nonblocking(false)?;
                 s.set_nodelay(true)?;
+                set_keepalive(s.as_raw_fd())?;
                 Ok((Stream::Tcp(s), peer.to_string()))
             }
         }
@@ -156,6 +157,62 @@ impl Drop for Listener {
             let _ = std::fs::remove_file(path);
         }
     }
+}
+
+/// Waits up to `timeout` until `fd` has something to read (or reports an error or hangup).
+pub(crate) fn poll_readable(fd: RawFd, timeout: std::time::Duration) -> bool {
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd for the duration of the call.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        if r >= 0 {
+            return r > 0;
+        }
+        if io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            // Let the read that follows report the error.
+            return true;
+        }
+    }
+}
+
+/// TCP keepalive: a client whose machine vanished (no FIN, no RST: a half-open connection) is
+/// noticed after [`KEEPALIVE_IDLE_SECS`] + [`KEEPALIVE_COUNT`] × [`KEEPALIVE_INTERVAL_SECS`]
+/// seconds of silence, and its connection closed, instead of holding a slot forever.
+pub const KEEPALIVE_IDLE_SECS: i32 = 60;
+pub const KEEPALIVE_INTERVAL_SECS: i32 = 10;
+pub const KEEPALIVE_COUNT: i32 = 6;
+
+fn set_keepalive(fd: RawFd) -> io::Result<()> {
+    let set = |level, name, value: i32| {
+        // SAFETY: setsockopt reads one c_int from a valid pointer.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                (&value as *const i32).cast(),
+                std::mem::size_of::<i32>() as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(io::Error::last_os_error())
+        }
+    };
+    set(libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1)?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, KEEPALIVE_IDLE_SECS)?;
+    set(
+        libc::IPPROTO_TCP,
+        libc::TCP_KEEPINTVL,
+        KEEPALIVE_INTERVAL_SECS,
+    )?;
+    set(libc::IPPROTO_TCP, libc::TCP_KEEPCNT, KEEPALIVE_COUNT)
 }
 
 /// Binds a unix socket only this user can use: mode 0600 from the moment it exists, whatever
@@ -266,6 +323,36 @@ impl Stream {
             Stream::Unix(s) => s.set_read_timeout(t),
             Stream::Tcp(s) => s.set_read_timeout(t),
         }
+    }
+
+    pub fn set_write_timeout(&self, t: Option<std::time::Duration>) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_write_timeout(t),
+            Stream::Tcp(s) => s.set_write_timeout(t),
+        }
+    }
+
+    pub fn set_nonblocking(&self, yes: bool) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_nonblocking(yes),
+            Stream::Tcp(s) => s.set_nonblocking(yes),
+        }
+    }
+
+    pub fn fd(&self) -> RawFd {
+        match self {
+            Stream::Unix(s) => s.as_raw_fd(),
+            Stream::Tcp(s) => s.as_raw_fd(),
+        }
+    }
+
+    /// Waits up to `timeout` for data, end of stream or an error to read; false on timeout.
+    pub fn wait_readable(&self, timeout: std::time::Duration) -> bool {
+        poll_readable(self.fd(), timeout)
+    }
+
+    pub fn is_tcp(&self) -> bool {
+        matches!(self, Stream::Tcp(_))
     }
 
     /// Connects to an address the way a client would (used by the NBD client and tests).

@@ -1,10 +1,33 @@
 //! The transmission phase: requests in, replies out, many in flight.
 //!
-//! Each connection runs a small pool of threads in a leader/followers pattern: a thread takes the
-//! inbound lock, reads one request (and its payload) from a shared buffered reader, releases the
-//! lock, executes the request on the device, then takes the outbound lock and writes its own reply
-//! with a single vectored write. There is no hand-off between threads per request, a burst of
-//! pipelined requests costs one `recv` for many of them, and replies go out in completion order.
+//! Each connection is served by a small pool of threads in a leader/followers pattern: a thread
+//! takes the inbound lock, reads one request (and its payload) from a shared buffered reader,
+//! releases the lock, executes the request on the device, then takes the outbound lock and writes
+//! its own reply with a single vectored write. There is no hand-off between threads per request,
+//! a burst of pipelined requests costs one `recv` for many of them, and replies go out in
+//! completion order.
+//!
+//! The pool grows on demand: the connection's own thread serves alone until a request is read
+//! while no other thread is free to read the next one; then one more is spawned (up to
+//! `threads`, and only while the server-wide [`WorkerPool`](crate::limits::WorkerPool) has room).
+//! When the connection has had no request for [`RETIRE_AFTER`], the extra threads exit. So an
+//! idle connection costs one thread, and a busy one as many as its clients keep busy.
+//!
+//! Idleness is noticed by the thread that would read the next request: with more than one thread
+//! and nothing buffered, it waits for the socket to be readable with a timeout before reading;
+//! when that times out it marks the connection for shrinking and hands the inbound lock to the
+//! waiting threads, which exit instead of reading (the mark is cleared by the next request read).
+//! An extra thread exits only while another thread not busy with a request remains, so a
+//! connection whose one request runs longer than [`RETIRE_AFTER`] still reads the next one, and
+//! a thread exits only before reading anything: no request is ever left unread or unanswered by
+//! retirement. Followers themselves wait for the lock without
+//! a timeout: a timed futex wait costs a kernel timer per wait, measured at ~15% more server CPU
+//! per 4 KiB read at QD32.
+//!
+//! Before a request's payload is read or its reply buffer allocated, its size is taken from the
+//! connection's and the server's request memory [`Budget`](crate::limits::Budget)s, and given back
+//! once the reply is written. A client that does not read its replies therefore stops being read
+//! from once its budget is spent, and memory stays bounded whatever clients do.
 //!
 //! Every request is validated here, once, before the device sees it: unknown commands and flags,
 //! out-of-range offsets, oversized payloads and writes to a read-only export get the spec's errno,
@@ -12,43 +35,67 @@
 
 use parking_lot::Mutex;
 use std::io::{self, BufReader, IoSlice, Read, Write};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::thread::Scope;
+use std::time::Duration;
 
 use flashtier_io::{AlignedBuf, BlockDev, Extent, ZeroOpts};
 
 use crate::errmap::nbd_error;
 use crate::export::Export;
 use crate::handshake::Session;
+use crate::limits::{ConnState, Limits, Pressure};
 use crate::wire::{self, cmd, cmd_flag, errno, reply, state, RequestHeader};
 
 /// Read buffer per connection: enough for a deep queue of small requests in one `recv`.
 const INBOUND_BUFFER: usize = 256 * 1024;
 /// A thread keeps a payload buffer up to this size between requests; larger ones are freed.
-const KEEP_BUFFER: usize = 4 * 1024 * 1024;
+/// Requests up to this size use that buffer and are not counted in the request memory budgets:
+/// what they hold is bounded by the threads (this times `max_connections + worker_pool`, 192 MiB
+/// with the defaults), and it keeps the budgets' atomics off the small-request hot path.
+const KEEP_BUFFER: usize = 256 * 1024;
 /// Extents reported per BLOCK_STATUS reply when the client did not ask for just one.
 const MAX_EXTENTS: usize = 1024;
+/// An extra thread that gets no request for this long exits.
+pub const RETIRE_AFTER: Duration = Duration::from_secs(5);
+/// Stack of extra threads: they run the same code as the connection's own thread, which is
+/// shallow (the engine does not recurse).
+const WORKER_STACK: usize = 256 * 1024;
 
 /// Per-connection parameters of the transmission phase.
 pub struct Params<'a> {
     pub export: &'a Export,
     pub session: Session,
     pub max_payload: u32,
-    /// Threads serving this connection (requests executing at once).
+    /// Most threads serving this connection (requests executing at once).
     pub threads: usize,
-}
-
-struct Inbound<R> {
-    reader: BufReader<R>,
-    closed: bool,
+    /// Server-wide memory and thread limits.
+    pub limits: &'a Limits,
+    /// This connection's state: its memory budget, activity for the reclaim policy, and the
+    /// flag that tells its threads to stop.
+    pub conn: &'a ConnState,
+    /// Waits up to the given time for the reader to have data (or an error or end of stream to
+    /// report); false if the time passed first.
+    pub wait_readable: &'a (dyn Fn(Duration) -> bool + Sync),
 }
 
 struct Shared<'a, R, W> {
     params: &'a Params<'a>,
     dev: &'a dyn BlockDev,
     read_only: bool,
-    inbound: Mutex<Inbound<R>>,
+    inbound: Mutex<BufReader<R>>,
+    /// Set once no further request may be read; outside the inbound lock, so that a thread
+    /// closing the connection never waits for the reader.
+    closed: AtomicBool,
     outbound: Mutex<W>,
     /// Breaks the connection so threads blocked in I/O on it return (e.g. shuts the socket down).
     hangup: &'a (dyn Fn() + Sync),
+    /// Threads serving this connection. Those not busy with a request (`ConnState::in_flight`)
+    /// read the next one or wait to.
+    live: AtomicUsize,
+    /// The connection was idle for [`RETIRE_AFTER`]: extra threads exit when they get the
+    /// inbound lock, until a request arrives.
+    shrink: AtomicBool,
 }
 
 /// A request read off the wire, its payload (if any) in the thread's buffer.
@@ -56,6 +103,16 @@ struct Request {
     hdr: RequestHeader,
     /// A WRITE payload larger than the maximum was read and discarded.
     payload_dropped: bool,
+    /// Request memory taken from the budgets for it.
+    cost: u64,
+}
+
+enum Next {
+    Request(Request),
+    /// The connection is closing.
+    Closed,
+    /// This extra thread had nothing to do for [`RETIRE_AFTER`] and was counted out of `live`.
+    Retire,
 }
 
 /// A successful result, before it is put on the wire.
@@ -74,7 +131,8 @@ struct Failure {
 }
 
 /// Serves requests from `reader` and answers on `writer` until the client disconnects, the stream
-/// breaks or `hangup` is called from elsewhere. Returns once every request read has been answered.
+/// breaks, `hangup` is called from elsewhere or the connection is told to close. Returns once every
+/// request read has been answered (or its reply could not be sent).
 pub fn serve<R: Read + Send, W: Write + Send>(
     params: &Params<'_>,
     reader: R,
@@ -85,76 +143,201 @@ pub fn serve<R: Read + Send, W: Write + Send>(
         params,
         dev: &*params.export.dev,
         read_only: params.export.read_only(),
-        inbound: Mutex::new(Inbound {
-            reader: BufReader::with_capacity(INBOUND_BUFFER, reader),
-            closed: false,
-        }),
+        inbound: Mutex::new(BufReader::with_capacity(INBOUND_BUFFER, reader)),
+        closed: AtomicBool::new(false),
         outbound: Mutex::new(writer),
         hangup,
+        live: AtomicUsize::new(1),
+        shrink: AtomicBool::new(false),
     };
-    let threads = params.threads.max(1);
-    if threads == 1 {
-        shared.worker();
-        return;
-    }
-    std::thread::scope(|scope| {
-        for i in 0..threads {
-            let shared = &shared;
-            std::thread::Builder::new()
-                .name(format!("nbd-worker-{i}"))
-                .stack_size(256 * 1024)
-                .spawn_scoped(scope, move || shared.worker())
-                .expect("cannot spawn NBD worker thread");
-        }
-    });
+    std::thread::scope(|scope| shared.worker(scope, false));
 }
 
-impl<R: Read, W: Write> Shared<'_, R, W> {
-    fn worker(&self) {
+/// Gives a worker's pool slot back when its thread ends, however it ends.
+struct PoolSlot<'a>(&'a Limits);
+
+impl Drop for PoolSlot<'_> {
+    fn drop(&mut self) {
+        self.0.workers.give_back();
+    }
+}
+
+impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
+    /// Serves requests until the connection closes; `extra` threads (not the connection's own)
+    /// also stop after [`RETIRE_AFTER`] without work.
+    fn worker<'scope>(&'scope self, scope: &'scope Scope<'scope, '_>, extra: bool) {
         let mut buf = AlignedBuf::new();
         let mut extents = Vec::new();
         loop {
-            let Some(req) = self.next_request(&mut buf) else {
-                return;
+            let req = match self.next_request(&mut buf, extra) {
+                Next::Request(req) => req,
+                // `next_request` counted this thread out already.
+                Next::Retire => return,
+                Next::Closed => break,
             };
+            self.grow(scope);
             let result = self.execute(&req, &mut buf, &mut extents);
-            if let Err(e) = self.send_reply(&req.hdr, result, &buf, &extents) {
+            let sent = self.send_reply(&req.hdr, result, &buf, &extents);
+            buf.shrink_to(KEEP_BUFFER);
+            self.finished(&req);
+            if let Err(e) = sent {
                 tracing::debug!(error = %e, "cannot send reply; closing connection");
                 self.close();
-                return;
+                break;
             }
-            buf.shrink_to(KEEP_BUFFER);
+        }
+        self.live.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Spawns one more thread if none is left to read the next request.
+    fn grow<'scope>(&'scope self, scope: &'scope Scope<'scope, '_>) {
+        let live = self.live.load(Ordering::Acquire);
+        if live >= self.params.threads || live as u64 > self.params.conn.in_flight() {
+            return;
+        }
+        if self.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let limits = self.params.limits;
+        if !limits.workers.try_take() {
+            limits.pressure(Pressure::Threads);
+            return;
+        }
+        let slot = PoolSlot(limits);
+        self.live.fetch_add(1, Ordering::AcqRel);
+        let spawned = std::thread::Builder::new()
+            .name("nbd-worker".into())
+            .stack_size(WORKER_STACK)
+            .spawn_scoped(scope, move || {
+                let _slot = slot;
+                self.worker(scope, true)
+            });
+        if let Err(e) = spawned {
+            // The slot was moved into the closure and dropped with it.
+            self.live.fetch_sub(1, Ordering::AcqRel);
+            tracing::debug!(error = %e, "cannot spawn NBD worker thread; serving with fewer");
         }
     }
 
     fn close(&self) {
-        self.inbound.lock().closed = true;
+        self.closed.store(true, Ordering::Release);
+        self.params.conn.close();
         (self.hangup)();
     }
 
-    /// Reads the next request; `None` once the connection is closing.
-    fn next_request(&self, buf: &mut AlignedBuf) -> Option<Request> {
-        let mut inbound = self.inbound.lock();
-        if inbound.closed {
-            return None;
+    /// Takes `cost` bytes from the connection's budget, then the server's; false if the
+    /// connection closed meanwhile.
+    fn admit(&self, cost: u64) -> bool {
+        let (conn, limits) = (self.params.conn, self.params.limits);
+        let abort = || conn.is_closing();
+        if !conn.memory.acquire(cost, 0, &abort, &|| {}) {
+            return false;
         }
-        match read_request(&mut inbound.reader, buf, self.params.max_payload) {
-            Ok(Some(req)) => Some(req),
+        // The connection asking for least in all goes first (see `Budget`).
+        let priority = conn.memory.used();
+        if !limits.memory.acquire(cost, priority, &abort, &|| {
+            limits.pressure(Pressure::Memory)
+        }) {
+            conn.memory.release(cost);
+            return false;
+        }
+        true
+    }
+
+    /// A request was answered (or could not be): its memory goes back to the budgets.
+    fn finished(&self, req: &Request) {
+        self.params.conn.memory.release(req.cost);
+        self.params.limits.memory.release(req.cost);
+        self.params.conn.request_done();
+    }
+
+    /// Counts this extra thread out if another thread not busy with a request would remain to
+    /// read the next one (a thread busy with a long request must not leave its connection with
+    /// no reader). Called under the inbound lock, where `live` only grows and `in_flight` only
+    /// shrinks behind our back, so two threads cannot both see the other as the one remaining.
+    fn retire(&self) -> bool {
+        let live = self.live.load(Ordering::Acquire) as u64;
+        if live > self.params.conn.in_flight() + 1 {
+            self.live.fetch_sub(1, Ordering::AcqRel);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Reads the next request; `Closed` once the connection is closing, `Retire` (this extra
+    /// thread counted out) once it has been idle for [`RETIRE_AFTER`].
+    fn next_request(&self, buf: &mut AlignedBuf, extra: bool) -> Next {
+        let mut inbound = self.inbound.lock();
+        loop {
+            if self.closed.load(Ordering::Acquire) {
+                return Next::Closed;
+            }
+            if !inbound.buffer().is_empty() || self.live.load(Ordering::Acquire) == 1 {
+                break;
+            }
+            if extra && self.shrink.load(Ordering::Acquire) && self.retire() {
+                // Straight to the next thread queued, which may be leaving too.
+                parking_lot::MutexGuard::unlock_fair(inbound);
+                return Next::Retire;
+            }
+            if (self.params.wait_readable)(RETIRE_AFTER) {
+                break;
+            }
+            self.shrink.store(true, Ordering::Release);
+            if extra && self.retire() {
+                parking_lot::MutexGuard::unlock_fair(inbound);
+                return Next::Retire;
+            }
+            // Let the extra threads queued for the lock see the flag and exit.
+            parking_lot::MutexGuard::unlocked_fair(&mut inbound, || {});
+        }
+        let max_payload = self.params.max_payload;
+        let result = read_header(&mut *inbound).and_then(|hdr| {
+            let Some(hdr) = hdr else { return Ok(None) };
+            let cost = request_cost(&hdr, max_payload);
+            if !self.admit(cost) {
+                return Err(io::Error::new(io::ErrorKind::ConnectionAborted, "closing"));
+            }
+            match read_payload(&mut *inbound, &hdr, buf, max_payload) {
+                Ok(payload_dropped) => Ok(Some(Request {
+                    hdr,
+                    payload_dropped,
+                    cost,
+                })),
+                Err(e) => {
+                    self.params.conn.memory.release(cost);
+                    self.params.limits.memory.release(cost);
+                    Err(e)
+                }
+            }
+        });
+        match result {
+            Ok(Some(req)) => {
+                // A request came: the connection is not idle (any more).
+                if self.shrink.load(Ordering::Relaxed) {
+                    self.shrink.store(false, Ordering::Release);
+                }
+                self.params.conn.request_read();
+                Next::Request(req)
+            }
             Ok(None) => {
                 tracing::debug!("client disconnected (NBD_CMD_DISC)");
-                inbound.closed = true;
-                None
+                self.closed.store(true, Ordering::Release);
+                Next::Closed
             }
             Err(e) => {
-                inbound.closed = true;
+                self.closed.store(true, Ordering::Release);
                 drop(inbound);
-                if e.kind() == io::ErrorKind::UnexpectedEof {
-                    tracing::debug!("client closed the connection");
-                } else {
-                    tracing::info!(error = %e, "dropping connection");
-                    (self.hangup)();
+                match e.kind() {
+                    io::ErrorKind::UnexpectedEof => tracing::debug!("client closed the connection"),
+                    io::ErrorKind::ConnectionAborted => {}
+                    _ => {
+                        tracing::info!(error = %e, "dropping connection");
+                        (self.hangup)();
+                    }
                 }
-                None
+                Next::Closed
             }
         }
     }
@@ -346,43 +529,58 @@ impl<R: Read, W: Write> Shared<'_, R, W> {
             }
         };
         let mut out = self.outbound.lock();
-        write_all_vectored(
+        self.params.conn.writing(true);
+        let written = write_all_vectored(
             &mut *out,
             &mut [IoSlice::new(&header[..head_len]), IoSlice::new(body)],
-        )
+        );
+        self.params.conn.writing(false);
+        written
     }
 }
 
-/// Reads one request header and, for WRITE, its payload into `buf`. `Ok(None)` is NBD_CMD_DISC.
-fn read_request<R: Read>(
-    reader: &mut R,
-    buf: &mut AlignedBuf,
-    max_payload: u32,
-) -> io::Result<Option<Request>> {
+/// Reads one request header; `Ok(None)` is NBD_CMD_DISC.
+fn read_header<R: Read>(reader: &mut R) -> io::Result<Option<RequestHeader>> {
     let mut raw = [0u8; RequestHeader::LEN];
     reader.read_exact(&mut raw)?;
     let hdr = RequestHeader::decode(&raw)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "bad request magic"))?;
-    if hdr.cmd == cmd::DISC {
-        return Ok(None);
-    }
-    let mut payload_dropped = false;
-    if hdr.cmd == cmd::WRITE {
-        if hdr.length > max_payload {
-            let len = hdr.length as u64;
-            if io::copy(&mut reader.take(len), &mut io::sink())? < len {
-                return Err(io::ErrorKind::UnexpectedEof.into());
-            }
-            payload_dropped = true;
-        } else {
-            buf.resize(hdr.length as usize);
-            reader.read_exact(buf)?;
+    Ok((hdr.cmd != cmd::DISC).then_some(hdr))
+}
+
+/// The request memory a request is charged: its READ reply buffer or its WRITE payload, when
+/// larger than the buffer each thread keeps anyway. Oversized requests are refused without one.
+fn request_cost(hdr: &RequestHeader, max_payload: u32) -> u64 {
+    match hdr.cmd {
+        cmd::READ | cmd::WRITE
+            if hdr.length <= max_payload && hdr.length as usize > KEEP_BUFFER =>
+        {
+            hdr.length as u64
         }
+        _ => 0,
     }
-    Ok(Some(Request {
-        hdr,
-        payload_dropped,
-    }))
+}
+
+/// Reads a WRITE's payload into `buf`; returns true if it was too large and was discarded.
+fn read_payload<R: Read>(
+    reader: &mut R,
+    hdr: &RequestHeader,
+    buf: &mut AlignedBuf,
+    max_payload: u32,
+) -> io::Result<bool> {
+    if hdr.cmd != cmd::WRITE {
+        return Ok(false);
+    }
+    if hdr.length > max_payload {
+        let len = hdr.length as u64;
+        if io::copy(&mut reader.take(len), &mut io::sink())? < len {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        return Ok(true);
+    }
+    buf.resize(hdr.length as usize);
+    reader.read_exact(buf)?;
+    Ok(false)
 }
 
 /// Turns a device's allocation map into NBD descriptors: merged, non-empty, within `request_len`,
@@ -482,5 +680,110 @@ mod tests {
         )
         .unwrap();
         assert_eq!(w.0, b"hello world");
+    }
+
+    /// A device whose FLUSH waits until the test opens the gate.
+    struct GatedFlush {
+        inner: flashtier_io::MemDev,
+        open: parking_lot::Mutex<bool>,
+        opened: parking_lot::Condvar,
+    }
+
+    impl BlockDev for GatedFlush {
+        fn info(&self) -> &flashtier_io::DevInfo {
+            self.inner.info()
+        }
+        fn describe(&self) -> String {
+            "gated".into()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+            self.inner.read_at(buf, offset)
+        }
+        fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+            self.inner.write_at(buf, offset, fua)
+        }
+        fn flush(&self) -> io::Result<()> {
+            let mut open = self.open.lock();
+            while !*open {
+                self.opened.wait(&mut open);
+            }
+            Ok(())
+        }
+        fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
+            self.inner.trim(offset, len)
+        }
+        fn write_zeroes(&self, offset: u64, len: u64, opts: ZeroOpts) -> io::Result<()> {
+            self.inner.write_zeroes(offset, len, opts)
+        }
+    }
+
+    /// One request running longer than the idle time must not leave its connection without a
+    /// thread to read the next: the extra thread that reads instead stays.
+    #[test]
+    fn a_request_longer_than_the_idle_time_does_not_stop_reading() {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::net::UnixStream;
+        use std::sync::Arc;
+
+        const SIZE: u64 = 1 << 20;
+        let dev = Arc::new(GatedFlush {
+            inner: flashtier_io::MemDev::new(SIZE as usize),
+            open: parking_lot::Mutex::new(false),
+            opened: parking_lot::Condvar::new(),
+        });
+        let export = Export::new("", dev.clone());
+        let limits = Limits::unlimited();
+        let conn = ConnState::new(u64::MAX);
+        let (server, mut client) = UnixStream::pair().unwrap();
+        let fd = server.as_raw_fd();
+        let readable = move |t: Duration| crate::net::poll_readable(fd, t);
+        let params = Params {
+            export: &export,
+            session: Session {
+                structured_replies: false,
+                base_allocation: None,
+                flags: 0,
+                size: SIZE,
+            },
+            max_payload: 1 << 20,
+            threads: 4,
+            limits: &limits,
+            conn: &conn,
+            wait_readable: &readable,
+        };
+        let request = |cmd, handle, length| {
+            RequestHeader {
+                flags: 0,
+                cmd,
+                handle,
+                offset: 0,
+                length,
+            }
+            .encode()
+        };
+        client
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        let hangup = || {
+            let _ = server.shutdown(std::net::Shutdown::Both);
+        };
+        std::thread::scope(|s| {
+            let served = s.spawn(|| serve(&params, &server, &server, &hangup));
+            client.write_all(&request(cmd::FLUSH, 1, 0)).unwrap();
+            std::thread::sleep(RETIRE_AFTER + Duration::from_millis(1500));
+            // The FLUSH still runs; a READ sent now is answered anyway.
+            client.write_all(&request(cmd::READ, 2, 4096)).unwrap();
+            let mut reply = [0u8; 16 + 4096];
+            let answered = client.read_exact(&mut reply);
+            *dev.open.lock() = true;
+            dev.opened.notify_all();
+            answered.expect("no reply to a READ while another request ran for over 5 s");
+            assert_eq!(reply[..16], wire::simple_reply(0, 2));
+            let mut flushed = [0u8; 16];
+            client.read_exact(&mut flushed).unwrap();
+            assert_eq!(flushed, wire::simple_reply(0, 1));
+            drop(client);
+            served.join().unwrap();
+        });
     }
 }

@@ -1,5 +1,10 @@
-//! NBD URIs (the NBD project's `doc/uri.md`): `nbd://host[:port]/[export]` and
-//! `nbd+unix:///[export]?socket=PATH`.
+//! NBD URIs (the NBD project's `doc/uri.md`): `nbd://host[:port]/[export]`,
+//! `nbd+unix:///[export]?socket=PATH`, and their TLS forms `nbds://[user@]host[:port]/[export]`
+//! and `nbds+unix://[user@]/[export]?socket=PATH` with libnbd's query parameters:
+//! `tls-certificates=DIR` (X.509: `ca-cert.pem`, optionally `client-cert.pem`/`client-key.pem`),
+//! `tls-psk-file=FILE` (`username:hexkey` lines), `tls-username=NAME` (the PSK identity; also the
+//! URI's user), `tls-verify-peer=false` (do not check the server's certificate) and
+//! `tls-hostname=NAME` (the name the server's certificate must carry; default the URI's host).
 
 use std::net::ToSocketAddrs;
 use std::path::PathBuf;
@@ -12,6 +17,19 @@ use crate::ClientError;
 pub struct NbdUri {
     pub addr: ListenAddr,
     pub export: String,
+    /// Present for `nbds` schemes: TLS is then required.
+    pub tls: Option<UriTls>,
+}
+
+/// The TLS parameters of an `nbds` URI.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UriTls {
+    pub certificates: Option<PathBuf>,
+    pub psk_file: Option<PathBuf>,
+    pub username: Option<String>,
+    pub verify_peer: bool,
+    /// The name to check the server's certificate against (None: do not check a name).
+    pub hostname: Option<String>,
 }
 
 impl NbdUri {
@@ -36,14 +54,44 @@ impl NbdUri {
             Some(i) => (&rest[..i], &rest[i + 1..]),
             None => (rest, ""),
         };
+        let (user, authority) = match authority.rsplit_once('@') {
+            Some((u, a)) => (
+                Some(percent_decode(u).ok_or_else(|| bad("bad %-escape in user"))?),
+                a,
+            ),
+            None => (None, authority),
+        };
         let export = percent_decode(path).ok_or_else(|| bad("bad %-escape in export name"))?;
+        let secure = matches!(scheme, "nbds" | "nbds+unix");
         let mut socket = None;
+        let mut tls = UriTls {
+            username: user,
+            verify_peer: true,
+            ..UriTls::default()
+        };
+        let mut hostname = None;
         for param in query.into_iter().flat_map(|q| q.split('&')) {
             let (key, value) = param.split_once('=').unwrap_or((param, ""));
             let value = percent_decode(value).ok_or_else(|| bad("bad %-escape in query"))?;
+            if key.starts_with("tls") && !secure {
+                return Err(bad("tls-* parameters need an nbds:// or nbds+unix:// URI"));
+            }
             match key {
                 "socket" => socket = Some(value),
-                k if k.starts_with("tls") => return Err(bad("TLS is not supported")),
+                "tls-certificates" => tls.certificates = Some(PathBuf::from(value)),
+                "tls-psk-file" => tls.psk_file = Some(PathBuf::from(value)),
+                "tls-username" => tls.username = Some(value),
+                "tls-hostname" => hostname = Some(value),
+                "tls-verify-peer" => {
+                    tls.verify_peer = match value.as_str() {
+                        "true" | "1" | "yes" | "on" => true,
+                        "false" | "0" | "no" | "off" => false,
+                        _ => return Err(bad("tls-verify-peer takes true or false")),
+                    }
+                }
+                k if k.starts_with("tls") => {
+                    return Err(bad(&format!("unknown TLS parameter '{k}'")))
+                }
                 _ => tracing::warn!(
                     uri = s,
                     parameter = key,
@@ -51,6 +99,19 @@ impl NbdUri {
                 ),
             }
         }
+        if tls.certificates.is_some() && tls.psk_file.is_some() {
+            return Err(bad("give tls-certificates or tls-psk-file, not both"));
+        }
+        if tls.username.is_some() && tls.psk_file.is_none() && secure {
+            return Err(bad(
+                "a TLS user name is a PSK identity: it needs tls-psk-file",
+            ));
+        }
+        let scheme = match scheme {
+            "nbds" => "nbd",
+            "nbds+unix" => "nbd+unix",
+            other => other,
+        };
         let addr = match scheme {
             "nbd" => {
                 if socket.is_some() {
@@ -59,6 +120,7 @@ impl NbdUri {
                 let (host, port) =
                     split_host_port(authority).ok_or_else(|| bad("bad host:port"))?;
                 let host = if host.is_empty() { "localhost" } else { host };
+                hostname.get_or_insert_with(|| host.to_string());
                 let addr = (host, port)
                     .to_socket_addrs()
                     .map_err(|e| bad(&e.to_string()))?
@@ -73,10 +135,18 @@ impl NbdUri {
                 let path = socket.ok_or_else(|| bad("nbd+unix needs ?socket=PATH"))?;
                 ListenAddr::Unix(PathBuf::from(path))
             }
-            "nbds" | "nbds+unix" => return Err(bad("TLS is not supported")),
-            _ => return Err(bad("unsupported scheme (use nbd:// or nbd+unix://)")),
+            _ => {
+                return Err(bad(
+                    "unsupported scheme (use nbd://, nbds://, nbd+unix:// or nbds+unix://)",
+                ))
+            }
         };
-        Ok(NbdUri { addr, export })
+        tls.hostname = hostname;
+        Ok(NbdUri {
+            addr,
+            export,
+            tls: secure.then_some(tls),
+        })
     }
 }
 
@@ -140,14 +210,45 @@ mod tests {
     }
 
     #[test]
+    fn tls_uris() {
+        let u = NbdUri::parse("nbds://alice@127.0.0.1:99/disk?tls-psk-file=/k.psk").unwrap();
+        assert_eq!(u.addr, ListenAddr::Tcp("127.0.0.1:99".parse().unwrap()));
+        assert_eq!(u.export, "disk");
+        let t = u.tls.unwrap();
+        assert_eq!(t.username.as_deref(), Some("alice"));
+        assert_eq!(t.psk_file, Some(PathBuf::from("/k.psk")));
+        assert!(t.verify_peer);
+        let u = NbdUri::parse(
+            "nbds://127.0.0.1/?tls-certificates=/pki&tls-verify-peer=false&tls-hostname=srv",
+        )
+        .unwrap();
+        let t = u.tls.unwrap();
+        assert_eq!(t.certificates, Some(PathBuf::from("/pki")));
+        assert!(!t.verify_peer);
+        assert_eq!(t.hostname.as_deref(), Some("srv"));
+        // The host is the name to check by default; a unix socket has none.
+        let t = NbdUri::parse("nbds://127.0.0.1/").unwrap().tls.unwrap();
+        assert_eq!(t.hostname.as_deref(), Some("127.0.0.1"));
+        let u = NbdUri::parse("nbds+unix:///x?socket=/s&tls-psk-file=/k&tls-username=bob").unwrap();
+        assert_eq!(u.addr, ListenAddr::Unix(PathBuf::from("/s")));
+        let t = u.tls.unwrap();
+        assert_eq!(t.username.as_deref(), Some("bob"));
+        assert_eq!(t.hostname, None);
+        assert_eq!(NbdUri::parse("nbd://127.0.0.1/").unwrap().tls, None);
+    }
+
+    #[test]
     fn refused_forms() {
         for s in [
-            "nbds://h/",
-            "nbds+unix:///?socket=/s",
+            "nbds+unix:///",
             "nbd+vsock://1",
             "http://x/",
             "nbd:/x",
             "nbd://127.0.0.1/?tls-certificates=/x",
+            "nbds://127.0.0.1/?tls-certificates=/x&tls-psk-file=/y",
+            "nbds://127.0.0.1/?tls-frobnicate=1",
+            "nbds://127.0.0.1/?tls-verify-peer=maybe",
+            "nbds://alice@127.0.0.1/",
             "nbd://127.0.0.1/%zz",
         ] {
             assert!(NbdUri::parse(s).is_err(), "{s}");

@@ -40,7 +40,7 @@ enum Command {
     /// Prepare a cache file or device (an SSD) for a backing store.
     Format(format::FormatArgs),
     /// Serve a backing store over NBD, through a cache if one is given, until SIGINT/SIGTERM.
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Run a short, self-contained showcase: create a backing store, serve it, drive a workload
     /// through NBD, verify every byte, and report what happened.
     Demo(demo::DemoArgs),
@@ -98,7 +98,7 @@ fn main() {
 
     let result = match cli.command {
         Command::Format(args) => format::run(args),
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Demo(args) => demo::run(args),
         Command::Status(args) => ctl::status(args),
         Command::Stats(args) => ctl::stats(args),

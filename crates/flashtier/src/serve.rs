@@ -13,6 +13,7 @@ use flashtier_control::{
 };
 use flashtier_engine::{Cache, Mode};
 use flashtier_io::BlockDev;
+use flashtier_nbd::tls::{ServerTls, ServerTlsOptions, TlsMode};
 use flashtier_nbd::{Export, ListenAddr, Listener, Server, ServerConfig, ShutdownHandle};
 
 use crate::backing::{backing_identity, open_backing, open_cache_device, BackingOptions};
@@ -66,6 +67,30 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SOCKET|HOST:PORT")]
     pub listen: Option<String>,
 
+    /// TLS (NBD's STARTTLS): off, on (clients may upgrade) or require (nothing but STARTTLS is
+    /// answered before TLS runs: every client must authenticate). Needs --tls-certificates or
+    /// --tls-psk. Use require whenever --listen names an address other machines can reach.
+    /// [default: off]
+    #[arg(long, value_name = "off|on|require")]
+    pub tls: Option<TlsMode>,
+
+    /// X.509 credentials for TLS: a directory with server-cert.pem and server-key.pem (and
+    /// ca-cert.pem for --tls-verify-peer), as nbdkit's --tls-certificates and qemu's
+    /// tls-creds-x509 use. Clients connect with e.g.
+    /// `nbdinfo 'nbds://HOST:PORT/?tls-certificates=DIR'` (DIR holding the CA's ca-cert.pem).
+    #[arg(long, value_name = "DIR")]
+    pub tls_certificates: Option<PathBuf>,
+
+    /// Pre-shared keys for TLS: a file of `username:hexkey` lines (as nbdkit's --tls-psk and
+    /// qemu's keys.psk; e.g. `alice:$(openssl rand -hex 32)`), mode 0600. Clients connect with
+    /// e.g. `nbdinfo 'nbds://alice@HOST:PORT/?tls-psk-file=FILE'`.
+    #[arg(long, value_name = "FILE")]
+    pub tls_psk: Option<PathBuf>,
+
+    /// With --tls-certificates: require a client certificate signed by DIR/ca-cert.pem.
+    #[arg(long)]
+    pub tls_verify_peer: bool,
+
     /// Name of the export. Clients asking for the empty (default) name get it too.
     /// [default: flashtier]
     #[arg(long)]
@@ -83,9 +108,35 @@ pub struct ServeArgs {
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=config::MAX_THREADS as i64))]
     pub threads: Option<u32>,
 
-    /// Most client connections served at once; more are refused. [default: 256]
+    /// Most client connections served at once. When all are taken, a new client gets the slot
+    /// of one that is still in its handshake after 1 s, connected but unused for 1 s, not
+    /// reading its replies for 2 s, or idle for 10 s (in that order, longest first); with none
+    /// of those it is refused. [default: 256]
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=config::MAX_CONNECTIONS as i64))]
     pub max_connections: Option<u32>,
+
+    /// Seconds a client has to finish the handshake (the TLS handshake included), counted from
+    /// when it connected, however slowly it sends. [default: 10]
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub handshake_timeout: Option<u32>,
+
+    /// MiB of request payload (READ replies, WRITE data) held at once for all clients together.
+    /// When it is spent, connections stop reading requests until replies drain, and a client
+    /// that has not read its replies for 2 s is disconnected to make room. [default: 1024]
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u32).range(1..=config::MAX_REQUEST_MEMORY_MIB as i64))]
+    pub request_memory_mib: Option<u32>,
+
+    /// MiB of request payload one connection may hold; a client that does not read its replies
+    /// stops being read from once they fill it. A single larger request is still served alone.
+    /// [default: 64]
+    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u32).range(1..=config::MAX_REQUEST_MEMORY_MIB as i64))]
+    pub request_memory_per_connection_mib: Option<u32>,
+
+    /// Worker threads shared by all connections, beyond each connection's own thread (which
+    /// is all an idle connection has). Extra threads start as requests arrive and stop after
+    /// 5 s without work. [default: 512]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=config::MAX_WORKER_POOL as i64))]
+    pub worker_pool: Option<u32>,
 
     /// On SIGINT/SIGTERM, seconds to wait for clients to collect the replies to requests already
     /// executed before closing their connections anyway (a client that stopped reading would
@@ -163,11 +214,16 @@ struct Settings {
     cache: Option<String>,
     mode: Option<Mode>,
     listen: Option<String>,
+    tls: ServerTlsOptions,
     export_name: String,
     read_only: bool,
     direct: bool,
     threads: u32,
     max_connections: u32,
+    handshake_timeout: u32,
+    request_memory_mib: u32,
+    request_memory_per_connection_mib: u32,
+    worker_pool: u32,
     shutdown_grace: u64,
     /// The path, and whether it was asked for (a default in use is skipped, a given one is not).
     control_socket: (PathBuf, bool),
@@ -239,6 +295,18 @@ impl Settings {
             cache,
             mode,
             listen: args.listen.or(file.listen),
+            tls: ServerTlsOptions {
+                mode: match (args.tls, &file.tls) {
+                    (Some(m), _) => m,
+                    (None, Some(m)) => m.parse().map_err(|e: String| anyhow::anyhow!(e))?,
+                    (None, None) => TlsMode::Off,
+                },
+                certificates: args
+                    .tls_certificates
+                    .or(file.tls_certificates.map(PathBuf::from)),
+                psk: args.tls_psk.or(file.tls_psk.map(PathBuf::from)),
+                verify_peer: args.tls_verify_peer || file.tls_verify_peer.unwrap_or(false),
+            },
             export_name: args
                 .export_name
                 .or(file.export_name)
@@ -247,6 +315,19 @@ impl Settings {
             direct: args.direct || file.direct.unwrap_or(false),
             threads: args.threads.or(file.threads).unwrap_or(16),
             max_connections: args.max_connections.or(file.max_connections).unwrap_or(256),
+            handshake_timeout: args
+                .handshake_timeout
+                .or(file.handshake_timeout)
+                .unwrap_or(10),
+            request_memory_mib: args
+                .request_memory_mib
+                .or(file.request_memory_mib)
+                .unwrap_or(1024),
+            request_memory_per_connection_mib: args
+                .request_memory_per_connection_mib
+                .or(file.request_memory_per_connection_mib)
+                .unwrap_or(64),
+            worker_pool: args.worker_pool.or(file.worker_pool).unwrap_or(512),
             shutdown_grace: args.shutdown_grace.or(file.shutdown_grace).unwrap_or(30),
             control_socket: given(
                 args.control_socket
@@ -279,6 +360,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(s) => ListenAddr::parse(s)?,
         None => ListenAddr::Unix(default_run_dir().join("nbd.sock")),
     };
+    let tls = ServerTls::new(&args.tls).context("TLS")?;
     let backing = open_backing(
         &args.backing,
         BackingOptions {
@@ -327,6 +409,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let server_config = ServerConfig {
         threads_per_connection: args.threads as usize,
         max_connections: args.max_connections as usize,
+        handshake_timeout: std::time::Duration::from_secs(args.handshake_timeout.into()),
+        request_memory: u64::from(args.request_memory_mib) << 20,
+        request_memory_per_connection: u64::from(args.request_memory_per_connection_mib) << 20,
+        worker_pool: args.worker_pool as usize,
+        tls: tls.clone(),
         shutdown_grace: std::time::Duration::from_secs(args.shutdown_grace),
         ..ServerConfig::default()
     };
@@ -354,10 +441,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     install_signal_handlers(server.shutdown_handle())?;
     let plane = start_control_plane(controller.clone(), &args)?;
     let listener = Listener::bind(&listen)?;
+    let s = if tls.is_some() { "s" } else { "" };
     let uri = match listener.addr() {
-        ListenAddr::Unix(p) => format!("nbd+unix:///{}?socket={}", args.export_name, p.display()),
-        ListenAddr::Tcp(a) => format!("nbd://{a}/{}", args.export_name),
+        ListenAddr::Unix(p) => {
+            format!("nbd{s}+unix:///{}?socket={}", args.export_name, p.display())
+        }
+        ListenAddr::Tcp(a) => format!("nbd{s}://{a}/{}", args.export_name),
     };
+    warn_if_exposed(listener.addr(), args.tls.mode);
     // Scripts wait for the "listening on" line to know the sockets are ready, and may close
     // stdout right after it: it comes last, and its text stays as it is.
     let mut out = std::io::stdout().lock();
@@ -382,6 +473,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             json.display()
         )?;
     }
+    if let Some(t) = &tls {
+        writeln!(
+            out,
+            "flashtier: TLS {} ({})",
+            if t.mode() == TlsMode::Require {
+                "required"
+            } else {
+                "offered"
+            },
+            t.description()
+        )?;
+    }
     if let Some(addr) = plane.metrics_addr() {
         writeln!(
             out,
@@ -402,6 +505,26 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     plane.stop();
     // The cache attached now (a detach releasing it finishes first).
     shutdown::finish(controller.take_cache(), served)
+}
+
+/// Serving a disk beyond this machine without authentication is allowed, but never silently.
+fn warn_if_exposed(addr: &ListenAddr, tls: TlsMode) {
+    let ListenAddr::Tcp(a) = addr else { return };
+    if a.ip().is_loopback() || tls == TlsMode::Require {
+        return;
+    }
+    let what = if tls == TlsMode::On {
+        "TLS is offered but not required"
+    } else {
+        "TLS is off"
+    };
+    let msg = format!(
+        "listening on {a}, reachable from other machines, and {what}: anyone who can reach this \
+         address can read and write the disk without authentication. Use --tls require with \
+         --tls-certificates or --tls-psk."
+    );
+    eprintln!("flashtier: WARNING: {msg}");
+    tracing::warn!("{msg}");
 }
 
 /// Starts the control socket, the stats file and the metrics listener. A default control

@@ -11,6 +11,8 @@ mod detach;
 mod disk_safety;
 mod files;
 mod harness;
+mod hostile;
 mod mariadb;
 mod protocol;
+mod tls;
 mod tools;

@@ -619,10 +619,11 @@ fn unknown_option_is_refused_and_its_payload_consumed() {
 }
 
 #[test]
-fn starttls_and_extended_headers_are_unsupported() {
+fn starttls_without_tls_and_extended_headers_are_refused() {
     let fx = Fixture::new(&[]);
     let mut c = fx.hello();
-    c.expect_opt(opt::STARTTLS, &[], rep::ERR_UNSUP);
+    // TLS is off: refused by policy (the spec's NOTLS mode), never ERR_TLS_REQD.
+    c.expect_opt(opt::STARTTLS, &[], rep::ERR_POLICY);
     c.expect_opt(opt::EXTENDED_HEADERS, &[], rep::ERR_UNSUP);
     // Having refused extended headers, the server must keep using 28-byte requests and
     // 16-byte simple replies.
@@ -1035,7 +1036,9 @@ fn truncated_handshakes_do_not_disturb_the_server() {
 #[test]
 fn connections_beyond_the_limit_are_refused() {
     let fx = Fixture::new(&["--max-connections", "1"]);
-    let first = fx.go();
+    let mut first = fx.go();
+    // In use, so not reclaimable for a newcomer (it would be after 10 s idle).
+    assert_eq!(first.read_ok(1, 0, 512), vec![0u8; 512]);
     let mut extra = Raw::open(&fx.socket());
     extra.expect_closed("second connection with --max-connections 1");
     drop(first);
