@@ -673,3 +673,56 @@ fn blocks_a_failed_sync_lost_are_found_before_the_log_goes_on() {
     );
     c.close().unwrap();
 }
+
+/// A FUA write-zeroes of a cached block, then a crash before the writer went idle (no note
+/// yet), and the header of the INVALIDATE batch damaged. The backing store already holds the
+/// zeroes, so recovery must not end the log before that INVALIDATE.
+/// Before: the sync before the backing write left no header vouching for the batch, recovery
+/// took the damage for a torn tail, and the block read its older cached data again (found by the
+/// corruption campaign in `power_loss.rs`, also as write-through writes and written-back blocks
+/// seen in part).
+#[test]
+fn damage_to_a_batch_the_backing_store_relied_on_is_not_a_torn_tail() {
+    use flashtier_io::ZeroOpts;
+    let (cdev, bdev) = formatted();
+    let c = open_default(&cdev, &bdev);
+    c.write_at(&block(5), 5 * BS, false).unwrap();
+    c.flush().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50)); // a note vouches for it
+    let opts = ZeroOpts {
+        fua: true,
+        ..Default::default()
+    };
+    flashtier_io::BlockDev::write_zeroes(&c, 5 * BS, BS, opts).unwrap();
+    drop(c); // crash at once: no idle note
+             // The newest batch holding an INVALIDATE of block 5.
+    let g = read_superblock(&*cdev).unwrap().geometry;
+    let image = cdev.snapshot();
+    let header = (0..g.slot_count())
+        .map(|s| g.slot_offset(s))
+        .filter_map(|at| {
+            let h = BatchHeader::decode(&image[at as usize..(at + BS) as usize]).ok()?;
+            h.entries
+                .iter()
+                .any(|e| e.kind == Kind::Invalidate && e.lba <= 5 && 5 < e.lba + e.nblocks as u64)
+                .then_some((h.seq_first, at))
+        })
+        .max()
+        .expect("an INVALIDATE record")
+        .1;
+    flip(&cdev, header + 60);
+    let c = open_default(&cdev, &bdev);
+    assert!(
+        c.report()
+            .damage
+            .iter()
+            .any(|d| matches!(d, Damage::Header { .. })),
+        "the damaged header was taken for a torn tail: {:?}",
+        c.report()
+    );
+    assert!(
+        read_block(&c, 5).unwrap() == vec![0u8; BS as usize],
+        "block 5 reads its data from before the write-zeroes"
+    );
+    c.close().unwrap();
+}

@@ -1010,7 +1010,10 @@ fn recover_and_check(h: &History, snap: Snap, r: &mut Rng) -> Result<u64, String
         lost: lost_mask(&cache.lost_ranges()),
     };
     step("recovering a damaged copy");
-    damage_and_check(h, &snap, &baseline, r).map_err(ctx)?;
+    damage_and_check(h, &snap, &baseline, r).map_err(|e| {
+        bump(&DAMAGE.failed, 1);
+        ctx(e)
+    })?;
     if let Some(images) = inner.lock().unwrap().take() {
         step("recovering after a power loss during recovery");
         let rail2 = Rail::new();
@@ -1305,6 +1308,9 @@ struct DamageStats {
     /// Nothing to see: the damage fell where nothing reads it, or on data read from elsewhere.
     unnoticed: AtomicU64,
     lost_rewritten: AtomicU64,
+    /// Failed checks (wrong data served or written back, lost blocks outside damaged records,
+    /// recovery refusing a repairable device...): must stay 0.
+    failed: AtomicU64,
 }
 
 static DAMAGE: DamageStats = DamageStats {
@@ -1319,6 +1325,7 @@ static DAMAGE: DamageStats = DamageStats {
     refused: AtomicU64::new(0),
     unnoticed: AtomicU64::new(0),
     lost_rewritten: AtomicU64::new(0),
+    failed: AtomicU64::new(0),
 };
 
 fn bump(c: &AtomicU64, n: u64) {
@@ -1331,7 +1338,7 @@ impl DamageStats {
         format!(
             "{} damaged images ({} damages): {} repaired, {} with lost blocks ({} blocks), {} \
              clean records dropped, {} torn-tail cuts, {} unknown gaps, {} refused (both copies \
-             hit), {} unnoticed; {} lost blocks rewritten; wrong data: 0",
+             hit), {} unnoticed; {} lost blocks rewritten; failed checks (wrong data, ...): {}",
             g(&self.images),
             g(&self.hits),
             g(&self.repaired),
@@ -1343,6 +1350,7 @@ impl DamageStats {
             g(&self.refused),
             g(&self.unnoticed),
             g(&self.lost_rewritten),
+            g(&self.failed),
         )
     }
 }
@@ -1493,9 +1501,9 @@ fn damage_and_check(
         Relax::None
     };
     if relax == Relax::None {
-        for b in 0..BLOCKS as usize {
+        for (b, &is_lost) in lost.iter().enumerate() {
             let range = b * BS as usize..(b + 1) * BS as usize;
-            if !lost[b] && got[range.clone()] != base.image[range.clone()] {
+            if !is_lost && got[range.clone()] != base.image[range.clone()] {
                 let mut scratch = vec![0u8; SECTOR as usize];
                 let (v, w) = (
                     parse(&got, b as u64, 0, &mut scratch),
