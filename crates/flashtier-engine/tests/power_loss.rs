@@ -1434,7 +1434,7 @@ fn damage_and_check(
     let rail = Rail::new();
     let bdev = rail.attach(Arc::new(CrashDev::from_image(snap.images[1].clone())));
     let c = match open(
-        rail.attach(Arc::new(CrashDev::from_image(image))),
+        rail.attach(Arc::new(CrashDev::from_image(image.clone()))),
         bdev.clone(),
         None,
     ) {
@@ -1457,6 +1457,35 @@ fn damage_and_check(
             "the damaged log replayed further (to {}) than the undamaged one ({})",
             report.log_end, base.log_end
         )));
+    }
+
+    if cut {
+        // A cut is only for a batch no header vouches for: its direct successor (a batch, seal
+        // or note whose copy of the previous header is that batch's), if intact, must not say
+        // it was synced.
+        let log = batch::log_id(&sb.uuid);
+        for slot in 0..geo.slot_count() {
+            let at = geo.slot_offset(slot);
+            let b = &image[at as usize..(at + BS) as usize];
+            let (Ok(next), Ok(prev)) = (BatchHeader::decode(b), BatchHeader::decode_prev(b)) else {
+                continue;
+            };
+            let c = report.log_end;
+            if next.log == log
+                && prev.log == log
+                && next.epoch >= prev.epoch
+                && next.seq_first == prev.seq_end()
+                && (prev.seq_first..prev.seq_end()).contains(&c)
+                && next.durable > c
+                && !hits.iter().any(|x| x.overlaps(at, BS))
+            {
+                return Err(ctx(format!(
+                    "the log was cut at record {c} (undamaged: {}), but the intact header at \
+                     {at} follows its batch and vouches for it (durable {})",
+                    base.log_end, next.durable
+                )));
+            }
+        }
     }
 
     let (got, failed) = read_tolerant(&c);
