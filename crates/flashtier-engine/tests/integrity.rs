@@ -749,3 +749,113 @@ fn a_damaged_version_field_is_a_damaged_copy() {
     assert!(read_block(&c, 1).unwrap() == block(1));
     c.close().unwrap();
 }
+
+/// The header at `at` of the newest batch whose `Invalidate` covers `lba`, and that batch's
+/// header.
+fn newest_invalidate(dev: &MemDev, lba: u64) -> (u64, BatchHeader) {
+    let g = read_superblock(dev).unwrap().geometry;
+    let image = dev.snapshot();
+    (0..g.slot_count())
+        .map(|s| g.slot_offset(s))
+        .filter_map(|at| {
+            let h = BatchHeader::decode(&image[at as usize..(at + BS) as usize]).ok()?;
+            h.entries
+                .iter()
+                .any(|e| {
+                    e.kind == Kind::Invalidate && e.lba <= lba && lba < e.lba + e.nblocks as u64
+                })
+                .then_some((h.seq_first, at, h))
+        })
+        .max_by_key(|(seq, _, _)| *seq)
+        .map(|(_, at, h)| (at, h))
+        .expect("an INVALIDATE record")
+}
+
+/// The header block of the batch starting at record `seq`.
+fn header_of(dev: &MemDev, seq: u64) -> u64 {
+    let g = read_superblock(dev).unwrap().geometry;
+    let image = dev.snapshot();
+    (0..g.slot_count())
+        .map(|s| g.slot_offset(s))
+        .find(|&at| {
+            BatchHeader::decode(&image[at as usize..(at + BS) as usize])
+                .is_ok_and(|h| h.seq_first == seq)
+        })
+        .expect("no header starts at that record")
+}
+
+/// A header and its copy both damaged, where a media fault also left a copy of a header from
+/// further down the log in front of the real continuation: replay goes on from the nearest
+/// later header, losing only the two records. Before: it jumped to the duplicate and skipped
+/// every intact record in between (found by the corruption campaign).
+#[test]
+fn a_duplicated_header_does_not_make_replay_skip_intact_records() {
+    let (cdev, bdev) = flushed_writes_then_crash(50);
+    let (h20, _) = find_record(&cdev, 20);
+    let (h21, _) = find_record(&cdev, 21);
+    let (h30, _) = find_record(&cdev, 30);
+    flip(&cdev, h20 + 60);
+    let mut dup = vec![0u8; BS as usize];
+    cdev.read_at(&mut dup, h30).unwrap();
+    cdev.write_at(&dup, h21, false).unwrap();
+    let c = open_default(&cdev, &bdev);
+    assert!(
+        c.report()
+            .damage
+            .iter()
+            .any(|d| matches!(d, Damage::Unknown { .. })),
+        "{:?}",
+        c.report().damage
+    );
+    for i in (0..50).filter(|i| !(20..=21).contains(i)) {
+        assert!(
+            read_block(&c, i).unwrap() == block(i),
+            "block {i} (report {:?})",
+            c.report().damage
+        );
+    }
+    c.close().unwrap();
+}
+
+/// Records whose blocks are unknown may have invalidated a clean cached copy: no clean block
+/// from before them is served. Before: the clean copy of a block that was since overwritten
+/// straight on the backing store was served (found by the corruption campaign).
+#[test]
+fn records_lost_with_their_headers_leave_no_stale_clean_block() {
+    use flashtier_io::ZeroOpts;
+    let (cdev, bdev) = formatted();
+    let c = open_default(&cdev, &bdev);
+    c.write_at(&block(5), 5 * BS, false).unwrap();
+    c.write_back_all().unwrap();
+    c.flush().unwrap();
+    assert!(read_block(&c, 5).unwrap() == block(5));
+    let opts = ZeroOpts {
+        fua: true,
+        ..Default::default()
+    };
+    // Zeroes block 5 on the backing store and drops the cached (clean) copy.
+    flashtier_io::BlockDev::write_zeroes(&c, 5 * BS, BS, opts).unwrap();
+    for i in 10..20 {
+        c.write_at(&block(i), i * BS, false).unwrap();
+        c.flush().unwrap();
+    }
+    drop(c);
+    let (inv, h) = newest_invalidate(&cdev, 5);
+    let next = header_of(&cdev, h.seq_end());
+    flip(&cdev, inv + 60);
+    flip(&cdev, next + 2048 + 60);
+    let c = open_default(&cdev, &bdev);
+    assert!(
+        c.report()
+            .damage
+            .iter()
+            .any(|d| matches!(d, Damage::Unknown { .. })),
+        "{:?}",
+        c.report().damage
+    );
+    assert!(
+        read_block(&c, 5).unwrap() == vec![0u8; BS as usize],
+        "block 5 reads the clean copy from before the write-zeroes"
+    );
+    c.close().unwrap();
+}
