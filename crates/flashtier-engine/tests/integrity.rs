@@ -859,3 +859,42 @@ fn records_lost_with_their_headers_leave_no_stale_clean_block() {
     );
     c.close().unwrap();
 }
+
+/// What vouches for a sync the backing store relied on survives a crash tearing the batch
+/// written after it. Before: the vouching was a note that the next batch overwrote; with that
+/// batch torn and the synced batch damaged, recovery took the damage for a torn tail and undid
+/// an INVALIDATE the backing store relied on (found by the corruption campaign).
+#[test]
+fn vouching_survives_the_next_batch_being_torn() {
+    use flashtier_io::ZeroOpts;
+    let (cdev, bdev) = formatted();
+    let c = open_default(&cdev, &bdev);
+    c.write_at(&block(5), 5 * BS, false).unwrap();
+    c.flush().unwrap();
+    let opts = ZeroOpts {
+        fua: true,
+        ..Default::default()
+    };
+    flashtier_io::BlockDev::write_zeroes(&c, 5 * BS, BS, opts).unwrap();
+    // Not synced: a crash may tear it.
+    c.write_at(&block(6), 6 * BS, false).unwrap();
+    drop(c);
+    let (inv, _) = newest_invalidate(&cdev, 5);
+    let (torn, _) = find_record(&cdev, 6);
+    cdev.write_at(&vec![0u8; BS as usize], torn, false).unwrap();
+    flip(&cdev, inv + 60);
+    let c = open_default(&cdev, &bdev);
+    assert!(
+        c.report()
+            .damage
+            .iter()
+            .any(|d| matches!(d, Damage::Header { .. })),
+        "the damaged header was taken for a torn tail: {:?}",
+        c.report()
+    );
+    assert!(
+        read_block(&c, 5).unwrap() == vec![0u8; BS as usize],
+        "block 5 reads its data from before the write-zeroes"
+    );
+    c.close().unwrap();
+}
