@@ -431,7 +431,7 @@ impl Walk<'_> {
     }
 
     /// After an unreadable header at block `at` of `seg`: the header that follows it, found by
-    /// scanning the rest of the segment and, if `beyond`, the start of the next one (of every
+    /// scanning the rest of the segment and, if `beyond`, the next one (and the start of every
     /// other one when replaying from an older checkpoint). Prefers one carrying a copy of the
     /// damaged header (returned with it); else the later header of the log with the lowest
     /// sequence number (records in between then have unknown blocks). Lowest, not first found:
@@ -450,14 +450,19 @@ impl Walk<'_> {
         let next = self.free.front().copied().filter(|_| beyond);
         // The rest of this segment, in large reads, then the first block of the next.
         let mut stretches: Vec<(u32, u32, u32)> = Vec::new();
-        let mut p = at + 1;
-        while p < self.bps() {
-            let n = (self.bps() - p).min((SCAN_READ / bs) as u32);
-            stretches.push((seg, p, n));
-            p += n;
-        }
+        let mut stretch = |s: u32, from: u32| {
+            let mut p = from;
+            while p < self.bps() {
+                let n = (self.bps() - p).min((SCAN_READ / bs) as u32);
+                stretches.push((s, p, n));
+                p += n;
+            }
+        };
+        stretch(seg, at + 1);
+        // The whole next segment: its first header may be damaged too (a seal and the header
+        // after it, both hit).
         if let Some(next) = next {
-            stretches.push((next, 0, 1));
+            stretch(next, 0);
         }
         // Replaying from an older checkpoint, the log may have gone on in any segment (see
         // `next_segment`).
@@ -491,9 +496,10 @@ impl Walk<'_> {
                     let in_place = if s == seg {
                         prev.kind == HeaderKind::Batch && at + 1 + prev.data_blocks() == p
                     } else {
-                        prev.kind == HeaderKind::Seal
-                            || (prev.kind == HeaderKind::Batch
-                                && at + 1 + prev.data_blocks() == self.bps())
+                        p == 0
+                            && (prev.kind == HeaderKind::Seal
+                                || (prev.kind == HeaderKind::Batch
+                                    && at + 1 + prev.data_blocks() == self.bps()))
                     };
                     if prev.seq_first == self.expected
                         && prev.log == self.log

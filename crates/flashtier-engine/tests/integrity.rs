@@ -898,3 +898,37 @@ fn vouching_survives_the_next_batch_being_torn() {
     );
     c.close().unwrap();
 }
+
+/// The last header of a segment and the first header of the next one, both damaged: replay
+/// goes on from the next intact header in that segment. Before: only the next segment's first
+/// block was looked at, and the log ended there, losing every later flushed write (found by
+/// the corruption campaign).
+#[test]
+fn damaged_headers_on_both_sides_of_a_segment_boundary_lose_only_their_records() {
+    let n = 700; // 2 blocks a write: the log crosses into a second 4 MiB segment
+    let (cdev, bdev) = flushed_writes_then_crash(n);
+    let g = read_superblock(&*cdev).unwrap().geometry;
+    let start = g.slot_offset(g.first_slot(1));
+    let image = cdev.snapshot();
+    let first = BatchHeader::decode(&image[start as usize..(start + BS) as usize])
+        .expect("the log goes on at the start of segment 1");
+    let lba = first.entries[0].lba;
+    let (last, _) = find_record(&cdev, lba - 1);
+    flip(&cdev, last + 60);
+    flip(&cdev, start + 60);
+    let c = open_default(&cdev, &bdev);
+    assert!(
+        c.report().damage.iter().any(Damage::loses_data),
+        "{:?}",
+        c.report().damage
+    );
+    for i in (0..n).filter(|&i| i + 1 < lba || i > lba) {
+        assert!(
+            read_block(&c, i).unwrap() == block(i),
+            "block {i} (damaged: {}, {lba}; report {:?})",
+            lba - 1,
+            c.report().damage
+        );
+    }
+    c.close().unwrap();
+}
