@@ -665,7 +665,7 @@ impl Cache {
             return Ok(());
         }
         self.append_invalidate(lba, n)?;
-        self.e.log.sync(false)
+        self.e.log.sync_vouched(false)
     }
 
     /// Unmaps `[lba, lba + n)` (not yet durably: sync before writing the backing store there).
@@ -752,7 +752,7 @@ impl Cache {
         let mut busy = e.guards.busy(lba, data.len() as u64 / bs);
         let records = self.log_blocks(lba, data, true)?;
         let blocks = self.written_blocks(&records);
-        e.log.sync(false)?;
+        e.log.sync_vouched(false)?;
         if let Err(err) = self.backing_write(data, lba * bs, fua, Some(&mut busy)) {
             // The client is told this write failed, so the cache must not keep it (and write
             // it back later) as if it had worked: reads go to the backing store again.
@@ -803,7 +803,7 @@ impl Cache {
         let _kept = invalidated();
         // As a system request: a client sync waits while client records wait for log space, and
         // the reclaim they wait for may need a cleaning pass, which waits for `order`.
-        e.log.sync(true)?;
+        e.log.sync_vouched(true)?;
         for (&(first, n), busy) in runs.iter().zip(&mut busy) {
             Stats::add(&e.stats.write_blocks, n);
             let part = &data[(first * bs) as usize..((first + n) * bs) as usize];

@@ -107,7 +107,7 @@ pub(crate) fn clean_pass_with(
     if blocks.is_empty() {
         return Ok(0);
     }
-    e.log.sync(true)?;
+    e.log.sync_vouched(true)?;
     let backing_errors = e.stats.backing_errors.load(Ordering::Relaxed);
     let result = write_back(e, &blocks, &generations, cancel, pass_io);
     match &result {

@@ -257,6 +257,9 @@ pub struct OpenReport {
     pub lost_blocks: u64,
     /// Segments recovery found the log in by scanning the device (see `recover`).
     pub segments_found_by_scan: u64,
+    /// Where replay ended: the sequence number of the first record not recovered (the log goes
+    /// on from there).
+    pub log_end: u64,
 }
 
 /// Where the log writer starts after opening.
@@ -354,6 +357,7 @@ pub(crate) fn open_engine(
             damage: damage.clone(),
             lost_blocks: st.lost.blocks(),
             segments_found_by_scan: recovered.segments_found_by_scan,
+            log_end: recovered.next_seq,
         }
     };
     let atomic_bytes = MAX_ATOMIC_WRITE.min((geo.blocks_per_segment() - 2) * geo.block_size);

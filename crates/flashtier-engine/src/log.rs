@@ -182,7 +182,8 @@ fn complete(w: &Option<Arc<Waiter>>, result: io::Result<Appended>) {
 
 enum Op {
     Append(Record, Option<Arc<Waiter>>),
-    Sync(Arc<Waiter>),
+    /// `true`: vouched (see [`Log::sync_vouched`]).
+    Sync(Arc<Waiter>, bool),
     Checkpoint(Option<Arc<Waiter>>),
 }
 
@@ -220,7 +221,7 @@ impl Log {
             let closed = || io::Error::from_raw_os_error(libc::ESHUTDOWN);
             match op {
                 Op::Append(_, w) | Op::Checkpoint(w) => complete(&w, Err(closed())),
-                Op::Sync(w) => w.complete(Err(closed())),
+                Op::Sync(w, _) => w.complete(Err(closed())),
             }
             return;
         }
@@ -278,9 +279,22 @@ impl Log {
 
     /// Waits until everything appended before this call is durable on the cache device.
     pub fn sync(&self, system: bool) -> io::Result<()> {
+        self.sync_op(system, false)
+    }
+
+    /// [`Log::sync`], and a header on the device vouches for it (an empty batch, synced too): for a
+    /// sync that something outside the log then relies on (a write to the backing store).
+    /// Without it, damage to the last synced batch before a crash would look like a torn tail
+    /// and recovery would end the log before it, while the backing store already holds what
+    /// followed it: a write seen in part, or an INVALIDATE undone over newer backing data.
+    pub fn sync_vouched(&self, system: bool) -> io::Result<()> {
+        self.sync_op(system, true)
+    }
+
+    fn sync_op(&self, system: bool, vouch: bool) -> io::Result<()> {
         self.check_failed()?;
         let w = Waiter::new();
-        self.push(system, Op::Sync(w.clone()));
+        self.push(system, Op::Sync(w.clone(), vouch));
         w.wait().map(drop)
     }
 
@@ -506,13 +520,17 @@ impl Writer {
                 let (syncs, rest): (Vec<Op>, Vec<Op>) = self
                     .client_pending
                     .drain(..)
-                    .partition(|op| matches!(op, Op::Sync(_)));
+                    .partition(|op| matches!(op, Op::Sync(..)));
                 self.client_pending = rest.into();
                 self.process(syncs, false, &mut wants_sync, &mut wants_checkpoint);
             }
             if !wants_sync.is_empty() || !wants_checkpoint.is_empty() {
-                let result = self.sync_device();
-                for w in &wants_sync {
+                let mut result = self.sync_device();
+                if result.is_ok() && wants_sync.iter().any(|(_, v)| *v) && self.note_due() {
+                    self.write_vouch();
+                    result = self.sync_device();
+                }
+                for (w, _) in &wants_sync {
                     w.complete(result.as_ref().map(|_| DROPPED).map_err(clone_err));
                 }
             }
@@ -546,7 +564,7 @@ impl Writer {
                     self.release_promotion(&r);
                     complete(&w, Err(clone_err(err)));
                 }
-                Op::Sync(w) => w.complete(Err(clone_err(err))),
+                Op::Sync(w, _) => w.complete(Err(clone_err(err))),
                 Op::Checkpoint(w) => complete(&w, Err(clone_err(err))),
             }
         }
@@ -568,7 +586,7 @@ impl Writer {
         &mut self,
         ops: Vec<Op>,
         system: bool,
-        wants_sync: &mut Vec<Arc<Waiter>>,
+        wants_sync: &mut Vec<(Arc<Waiter>, bool)>,
         wants_checkpoint: &mut Vec<Option<Arc<Waiter>>>,
     ) {
         let max_blocks = MAX_BATCH_BLOCKS.min(self.e.geo.blocks_per_segment() - 1);
@@ -597,7 +615,7 @@ impl Writer {
                     batch.data_blocks += rec.data_blocks();
                     batch.recs.push((rec, w));
                 }
-                Op::Sync(w) => wants_sync.push(w),
+                Op::Sync(w, vouch) => wants_sync.push((w, vouch)),
                 Op::Checkpoint(w) => wants_checkpoint.push(w),
             }
         }
@@ -930,11 +948,19 @@ impl Writer {
     /// recovery can tell damage to the last synced batches (which lose only the damaged records)
     /// from a crash tearing unsynced ones (where the log simply ends). Under load the next
     /// batch's header says the same; the note covers the writer going idle. It is not synced,
-    /// and the next batch overwrites it (the log does not move).
+    /// and the next batch overwrites it (the log does not move). When the open segment is full,
+    /// the note goes to the first block of the next free segment, where recovery looks for the
+    /// log's continuation (and the next batch overwrites it there).
     fn write_note(&mut self) {
-        let head = self.e.state.read().segs.head;
-        let Some(h) = head.filter(|h| h.used < self.e.geo.blocks_per_segment()) else {
-            // No room at the head: the next batch starts a new segment, and says it there.
+        let place = {
+            let st = self.e.state.read();
+            match st.segs.head {
+                Some(h) if h.used < self.e.geo.blocks_per_segment() => Some((h.segment, h.used)),
+                _ => st.segs.next_free().map(|seg| (seg, 0)),
+            }
+        };
+        let Some((segment, used)) = place else {
+            // No free segment: the next batch says it, wherever it goes.
             self.durable_told = self.durable;
             return;
         };
@@ -947,7 +973,7 @@ impl Writer {
             entries: Vec::new(),
         }
         .encode(&self.prev_own[..], &mut self.header);
-        let slot = self.e.geo.first_slot(h.segment) + h.used;
+        let slot = self.e.geo.first_slot(segment) + used;
         match self
             .e
             .cache
@@ -964,6 +990,19 @@ impl Writer {
             }
         }
         self.durable_told = self.durable;
+    }
+
+    /// Vouches for a sync the backing store is about to rely on with a batch of no records (its
+    /// header carries `durable`), after which the log goes on. Not a note: the next batch
+    /// overwrites a note, and a crash tearing that batch would take the vouching with it, so
+    /// damage to the synced batch would then look like a torn tail and undo what the backing
+    /// store relied on (found by the corruption campaign). Costs one block of log per such
+    /// sync. Falls back to a note when not even the reserve has room.
+    fn write_vouch(&mut self) {
+        let _ = self.write_batch(Batch::new(), true);
+        if self.note_due() {
+            self.write_note();
+        }
     }
 
     /// Snapshot the index and log position, write them to the next checkpoint slot, and free the

@@ -22,7 +22,9 @@
 //! A damaged header is read from its successor, which carries a copy of it: so a damaged header
 //! costs nothing but the scan to find the successor. If both are gone, the records in between
 //! are reported as lost with blocks unknown, and replay goes on after them (only if proven
-//! durable, as above).
+//! durable, as above) from the nearest later header. Every clean block cached before such a gap
+//! is dropped (the gap may have invalidated it); dirty blocks are kept, and may be older than a
+//! write the gap held: the report says so, and health stays degraded.
 //!
 //! The superblock has two copies and the checkpoint two slots. A damaged copy is reported and
 //! the other one used; the next superblock write and the next checkpoint (which the opener writes
@@ -388,10 +390,12 @@ impl Walk<'_> {
         if !self.scan_segments {
             return false;
         }
-        let found = (0..self.geo.segment_count).find(|&seg| {
-            let (r, _) = self.read(seg, 0);
-            r.own.as_ref().is_ok_and(|h| self.continues(h, 0))
-        });
+        let found = (0..self.geo.segment_count)
+            .find(|&seg| {
+                let (r, _) = self.read(seg, 0);
+                r.own.as_ref().is_ok_and(|h| self.continues(h, 0))
+            })
+            .or_else(|| self.segment_with_damaged_first_header());
         let Some(seg) = found else { return false };
         tracing::warn!(
             segment = seg,
@@ -408,30 +412,66 @@ impl Walk<'_> {
         true
     }
 
+    /// Replaying from an older checkpoint when no segment starts with the continuation: the
+    /// continuation's first header may be the damaged one. The segment whose first block is not
+    /// a header of this log, but which holds the header carrying a copy of the one expected, is
+    /// where the log went on. Reads whole segments, but only after two faults (a damaged
+    /// checkpoint and a damaged header).
+    fn segment_with_damaged_first_header(&mut self) -> Option<u32> {
+        let front = self.free.front().copied();
+        let order: Vec<u32> = front
+            .into_iter()
+            .chain((0..self.geo.segment_count).filter(|&s| Some(s) != front))
+            .collect();
+        order.into_iter().find(|&seg| {
+            let (r, _) = self.read(seg, 0);
+            !r.own.as_ref().is_ok_and(|h| h.log == self.log)
+                && matches!(self.successor(seg, 0, false), Some((s, _, Some(_))) if s == seg)
+        })
+    }
+
     /// After an unreadable header at block `at` of `seg`: the header that follows it, found by
-    /// scanning the rest of the segment and the start of the next one. Prefers one carrying a
-    /// copy of the damaged header (returned with it); else any later header of the log (records
-    /// in between then have unknown blocks).
+    /// scanning the rest of the segment and, if `beyond`, the next one (and the start of every
+    /// other one when replaying from an older checkpoint). Prefers one carrying a copy of the
+    /// damaged header (returned with it); else the later header of the log with the lowest
+    /// sequence number (records in between then have unknown blocks). Lowest, not first found:
+    /// a block that a media fault duplicated from further down the log may sit before the real
+    /// continuation, and jumping to it would skip intact headers.
     #[allow(clippy::type_complexity)]
     fn successor(
         &mut self,
         seg: u32,
         at: u32,
+        beyond: bool,
     ) -> Option<(u32, u32, Option<(BatchHeader, Box<[u8; OWN_LEN]>)>)> {
         let bs = self.geo.block_size as usize;
-        let mut later: Option<(u32, u32)> = None;
+        let mut later: Option<(u64, u32, u32)> = None;
         let mut found = None;
-        let next = self.free.front().copied();
+        let next = self.free.front().copied().filter(|_| beyond);
         // The rest of this segment, in large reads, then the first block of the next.
         let mut stretches: Vec<(u32, u32, u32)> = Vec::new();
-        let mut p = at + 1;
-        while p < self.bps() {
-            let n = (self.bps() - p).min((SCAN_READ / bs) as u32);
-            stretches.push((seg, p, n));
-            p += n;
-        }
+        let mut stretch = |s: u32, from: u32| {
+            let mut p = from;
+            while p < self.bps() {
+                let n = (self.bps() - p).min((SCAN_READ / bs) as u32);
+                stretches.push((s, p, n));
+                p += n;
+            }
+        };
+        stretch(seg, at + 1);
+        // The whole next segment: its first header may be damaged too (a seal and the header
+        // after it, both hit).
         if let Some(next) = next {
-            stretches.push((next, 0, 1));
+            stretch(next, 0);
+        }
+        // Replaying from an older checkpoint, the log may have gone on in any segment (see
+        // `next_segment`).
+        if beyond && self.scan_segments {
+            stretches.extend(
+                (0..self.geo.segment_count)
+                    .filter(|&s| s != seg && Some(s) != next)
+                    .map(|s| (s, 0, 1)),
+            );
         }
         let mut buf = AlignedBuf::new();
         'scan: for (s, from, n) in stretches {
@@ -456,9 +496,10 @@ impl Walk<'_> {
                     let in_place = if s == seg {
                         prev.kind == HeaderKind::Batch && at + 1 + prev.data_blocks() == p
                     } else {
-                        prev.kind == HeaderKind::Seal
-                            || (prev.kind == HeaderKind::Batch
-                                && at + 1 + prev.data_blocks() == self.bps())
+                        p == 0
+                            && (prev.kind == HeaderKind::Seal
+                                || (prev.kind == HeaderKind::Batch
+                                    && at + 1 + prev.data_blocks() == self.bps()))
                     };
                     if prev.seq_first == self.expected
                         && prev.log == self.log
@@ -474,12 +515,12 @@ impl Walk<'_> {
                         break 'scan;
                     }
                 }
-                if later.is_none() {
-                    later = Some((s, p));
+                if later.is_none_or(|(seq, _, _)| h.seq_first < seq) {
+                    later = Some((h.seq_first, s, p));
                 }
             }
         }
-        found.or_else(|| later.map(|(s, p)| (s, p, None)))
+        found.or_else(|| later.map(|(_, s, p)| (s, p, None)))
     }
 
     /// Follows the log's headers to its end.
@@ -513,7 +554,7 @@ impl Walk<'_> {
                 }
                 // Anything else ends the log unless a later header shows the log went on.
                 _ => {
-                    let Some((s, p, copy)) = self.successor(seg, at) else {
+                    let Some((s, p, copy)) = self.successor(seg, at, true) else {
                         return;
                     };
                     match copy {
@@ -651,6 +692,10 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
                 if seq_end > seq_first {
                     tracing::error!(seq_first, seq_end, "log records lost with their headers");
                     damage.push(Damage::Unknown { seq_first, seq_end });
+                    // The lost records may have invalidated cached clean copies (a write that
+                    // went straight to the backing store, a trim): keeping any clean block
+                    // could serve data older than the backing store's. They cost only a re-read.
+                    drop_clean(&mut state);
                 } else {
                     // Only a seal was damaged (and the copy of it): nothing lost.
                     damage.push(Damage::Header { seq: seq_first });
@@ -779,6 +824,19 @@ fn skip_damaged(state: &mut State, e: &batch::Entry, seq: u64) -> Damage {
             lba: e.lba,
             blocks: e.nblocks,
         },
+    }
+}
+
+/// Drops every clean block from the cache (the backing store holds them, or something newer).
+fn drop_clean(state: &mut State) {
+    let clean: Vec<(u32, u64)> = state
+        .index
+        .slots_in(0, state.index.slot_count())
+        .filter(|(_, info)| !info.dirty)
+        .map(|(slot, info)| (slot, info.lba))
+        .collect();
+    for (slot, lba) in clean {
+        state.unmap_if(lba, slot);
     }
 }
 

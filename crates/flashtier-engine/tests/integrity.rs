@@ -673,3 +673,262 @@ fn blocks_a_failed_sync_lost_are_found_before_the_log_goes_on() {
     );
     c.close().unwrap();
 }
+
+/// A FUA write-zeroes of a cached block, then a crash before the writer went idle (no note
+/// yet), and the header of the INVALIDATE batch damaged. The backing store already holds the
+/// zeroes, so recovery must not end the log before that INVALIDATE.
+/// Before: the sync before the backing write left no header vouching for the batch, recovery
+/// took the damage for a torn tail, and the block read its older cached data again (found by the
+/// corruption campaign in `power_loss.rs`, also as write-through writes and written-back blocks
+/// seen in part).
+#[test]
+fn damage_to_a_batch_the_backing_store_relied_on_is_not_a_torn_tail() {
+    use flashtier_io::ZeroOpts;
+    let (cdev, bdev) = formatted();
+    let c = open_default(&cdev, &bdev);
+    c.write_at(&block(5), 5 * BS, false).unwrap();
+    c.flush().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(50)); // a note vouches for it
+    let opts = ZeroOpts {
+        fua: true,
+        ..Default::default()
+    };
+    flashtier_io::BlockDev::write_zeroes(&c, 5 * BS, BS, opts).unwrap();
+    drop(c); // crash at once: no idle note
+             // The newest batch holding an INVALIDATE of block 5.
+    let g = read_superblock(&*cdev).unwrap().geometry;
+    let image = cdev.snapshot();
+    let header = (0..g.slot_count())
+        .map(|s| g.slot_offset(s))
+        .filter_map(|at| {
+            let h = BatchHeader::decode(&image[at as usize..(at + BS) as usize]).ok()?;
+            h.entries
+                .iter()
+                .any(|e| e.kind == Kind::Invalidate && e.lba <= 5 && 5 < e.lba + e.nblocks as u64)
+                .then_some((h.seq_first, at))
+        })
+        .max()
+        .expect("an INVALIDATE record")
+        .1;
+    flip(&cdev, header + 60);
+    let c = open_default(&cdev, &bdev);
+    assert!(
+        c.report()
+            .damage
+            .iter()
+            .any(|d| matches!(d, Damage::Header { .. })),
+        "the damaged header was taken for a torn tail: {:?}",
+        c.report()
+    );
+    assert!(
+        read_block(&c, 5).unwrap() == vec![0u8; BS as usize],
+        "block 5 reads its data from before the write-zeroes"
+    );
+    c.close().unwrap();
+}
+
+/// A flipped byte in the version field of one superblock copy is damage to that copy, not a
+/// newer format. Before: the whole device was refused ("cache format version 15073282 is not
+/// supported"; found by the corruption campaign).
+#[test]
+fn a_damaged_version_field_is_a_damaged_copy() {
+    let (cdev, bdev) = formatted();
+    let c = open_default(&cdev, &bdev);
+    c.write_at(&block(1), BS, false).unwrap();
+    c.close().unwrap();
+    flip(&cdev, 4096 + 10);
+    let c = open_default(&cdev, &bdev);
+    assert!(
+        matches!(
+            c.report().damage[..],
+            [Damage::SuperblockCopy { copy: 1, .. }]
+        ),
+        "{:?}",
+        c.report().damage
+    );
+    assert!(read_block(&c, 1).unwrap() == block(1));
+    c.close().unwrap();
+}
+
+/// The header at `at` of the newest batch whose `Invalidate` covers `lba`, and that batch's
+/// header.
+fn newest_invalidate(dev: &MemDev, lba: u64) -> (u64, BatchHeader) {
+    let g = read_superblock(dev).unwrap().geometry;
+    let image = dev.snapshot();
+    (0..g.slot_count())
+        .map(|s| g.slot_offset(s))
+        .filter_map(|at| {
+            let h = BatchHeader::decode(&image[at as usize..(at + BS) as usize]).ok()?;
+            h.entries
+                .iter()
+                .any(|e| {
+                    e.kind == Kind::Invalidate && e.lba <= lba && lba < e.lba + e.nblocks as u64
+                })
+                .then_some((h.seq_first, at, h))
+        })
+        .max_by_key(|(seq, _, _)| *seq)
+        .map(|(_, at, h)| (at, h))
+        .expect("an INVALIDATE record")
+}
+
+/// The header block of the batch starting at record `seq`.
+fn header_of(dev: &MemDev, seq: u64) -> u64 {
+    let g = read_superblock(dev).unwrap().geometry;
+    let image = dev.snapshot();
+    (0..g.slot_count())
+        .map(|s| g.slot_offset(s))
+        .find(|&at| {
+            BatchHeader::decode(&image[at as usize..(at + BS) as usize])
+                .is_ok_and(|h| h.seq_first == seq)
+        })
+        .expect("no header starts at that record")
+}
+
+/// A header and its copy both damaged, where a media fault also left a copy of a header from
+/// further down the log in front of the real continuation: replay goes on from the nearest
+/// later header, losing only the two records. Before: it jumped to the duplicate and skipped
+/// every intact record in between (found by the corruption campaign).
+#[test]
+fn a_duplicated_header_does_not_make_replay_skip_intact_records() {
+    let (cdev, bdev) = flushed_writes_then_crash(50);
+    let (h20, _) = find_record(&cdev, 20);
+    let (h21, _) = find_record(&cdev, 21);
+    let (h30, _) = find_record(&cdev, 30);
+    flip(&cdev, h20 + 60);
+    let mut dup = vec![0u8; BS as usize];
+    cdev.read_at(&mut dup, h30).unwrap();
+    cdev.write_at(&dup, h21, false).unwrap();
+    let c = open_default(&cdev, &bdev);
+    assert!(
+        c.report()
+            .damage
+            .iter()
+            .any(|d| matches!(d, Damage::Unknown { .. })),
+        "{:?}",
+        c.report().damage
+    );
+    for i in (0..50).filter(|i| !(20..=21).contains(i)) {
+        assert!(
+            read_block(&c, i).unwrap() == block(i),
+            "block {i} (report {:?})",
+            c.report().damage
+        );
+    }
+    c.close().unwrap();
+}
+
+/// Records whose blocks are unknown may have invalidated a clean cached copy: no clean block
+/// from before them is served. Before: the clean copy of a block that was since overwritten
+/// straight on the backing store was served (found by the corruption campaign).
+#[test]
+fn records_lost_with_their_headers_leave_no_stale_clean_block() {
+    use flashtier_io::ZeroOpts;
+    let (cdev, bdev) = formatted();
+    let c = open_default(&cdev, &bdev);
+    c.write_at(&block(5), 5 * BS, false).unwrap();
+    c.write_back_all().unwrap();
+    c.flush().unwrap();
+    assert!(read_block(&c, 5).unwrap() == block(5));
+    let opts = ZeroOpts {
+        fua: true,
+        ..Default::default()
+    };
+    // Zeroes block 5 on the backing store and drops the cached (clean) copy.
+    flashtier_io::BlockDev::write_zeroes(&c, 5 * BS, BS, opts).unwrap();
+    for i in 10..20 {
+        c.write_at(&block(i), i * BS, false).unwrap();
+        c.flush().unwrap();
+    }
+    drop(c);
+    let (inv, h) = newest_invalidate(&cdev, 5);
+    let next = header_of(&cdev, h.seq_end());
+    flip(&cdev, inv + 60);
+    flip(&cdev, next + 2048 + 60);
+    let c = open_default(&cdev, &bdev);
+    assert!(
+        c.report()
+            .damage
+            .iter()
+            .any(|d| matches!(d, Damage::Unknown { .. })),
+        "{:?}",
+        c.report().damage
+    );
+    assert!(
+        read_block(&c, 5).unwrap() == vec![0u8; BS as usize],
+        "block 5 reads the clean copy from before the write-zeroes"
+    );
+    c.close().unwrap();
+}
+
+/// What vouches for a sync the backing store relied on survives a crash tearing the batch
+/// written after it. Before: the vouching was a note that the next batch overwrote; with that
+/// batch torn and the synced batch damaged, recovery took the damage for a torn tail and undid
+/// an INVALIDATE the backing store relied on (found by the corruption campaign).
+#[test]
+fn vouching_survives_the_next_batch_being_torn() {
+    use flashtier_io::ZeroOpts;
+    let (cdev, bdev) = formatted();
+    let c = open_default(&cdev, &bdev);
+    c.write_at(&block(5), 5 * BS, false).unwrap();
+    c.flush().unwrap();
+    let opts = ZeroOpts {
+        fua: true,
+        ..Default::default()
+    };
+    flashtier_io::BlockDev::write_zeroes(&c, 5 * BS, BS, opts).unwrap();
+    // Not synced: a crash may tear it.
+    c.write_at(&block(6), 6 * BS, false).unwrap();
+    drop(c);
+    let (inv, _) = newest_invalidate(&cdev, 5);
+    let (torn, _) = find_record(&cdev, 6);
+    cdev.write_at(&vec![0u8; BS as usize], torn, false).unwrap();
+    flip(&cdev, inv + 60);
+    let c = open_default(&cdev, &bdev);
+    assert!(
+        c.report()
+            .damage
+            .iter()
+            .any(|d| matches!(d, Damage::Header { .. })),
+        "the damaged header was taken for a torn tail: {:?}",
+        c.report()
+    );
+    assert!(
+        read_block(&c, 5).unwrap() == vec![0u8; BS as usize],
+        "block 5 reads its data from before the write-zeroes"
+    );
+    c.close().unwrap();
+}
+
+/// The last header of a segment and the first header of the next one, both damaged: replay
+/// goes on from the next intact header in that segment. Before: only the next segment's first
+/// block was looked at, and the log ended there, losing every later flushed write (found by
+/// the corruption campaign).
+#[test]
+fn damaged_headers_on_both_sides_of_a_segment_boundary_lose_only_their_records() {
+    let n = 700; // 2 blocks a write: the log crosses into a second 4 MiB segment
+    let (cdev, bdev) = flushed_writes_then_crash(n);
+    let g = read_superblock(&*cdev).unwrap().geometry;
+    let start = g.slot_offset(g.first_slot(1));
+    let image = cdev.snapshot();
+    let first = BatchHeader::decode(&image[start as usize..(start + BS) as usize])
+        .expect("the log goes on at the start of segment 1");
+    let lba = first.entries[0].lba;
+    let (last, _) = find_record(&cdev, lba - 1);
+    flip(&cdev, last + 60);
+    flip(&cdev, start + 60);
+    let c = open_default(&cdev, &bdev);
+    assert!(
+        c.report().damage.iter().any(Damage::loses_data),
+        "{:?}",
+        c.report().damage
+    );
+    for i in (0..n).filter(|&i| i + 1 < lba || i > lba) {
+        assert!(
+            read_block(&c, i).unwrap() == block(i),
+            "block {i} (damaged: {}, {lba}; report {:?})",
+            lba - 1,
+            c.report().damage
+        );
+    }
+    c.close().unwrap();
+}

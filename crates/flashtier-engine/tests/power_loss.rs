@@ -69,7 +69,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use flashtier_engine::{read_superblock, Cache, Mode, ReclaimPolicy};
+use flashtier_engine::layout::batch::{self, BatchHeader};
+use flashtier_engine::layout::checkpoint::Checkpoint;
+use flashtier_engine::layout::Geometry;
+use flashtier_engine::{read_superblock, Cache, Damage, Mode, ReclaimPolicy, Superblock};
 use flashtier_io::{BlockDev, CrashDev, CrashPolicy, ZeroOpts};
 
 const BACKING: u64 = 4 << 20;
@@ -139,6 +142,20 @@ fn parse_in(buf: &[u8], index: u64, lba: u64, s: u64, scratch: &mut [u8]) -> V {
 // ---------------------------------------------------------------------------------------------
 // The record of what happened
 // ---------------------------------------------------------------------------------------------
+
+/// What damage to the cache device may legitimately break in [`History::check_damaged`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Relax {
+    /// Nothing: the full contract.
+    None,
+    /// Recovery ended the log at a damaged batch no header vouched for (indistinguishable from a
+    /// torn tail): what comes back is still a prefix of the history, but flushed writes from the
+    /// cut on may be gone.
+    Durability,
+    /// Records lost with their headers (`Damage::Unknown`): their blocks may read older data, so
+    /// neither durability nor prefix order holds; no garbage, no phantom and atomicity still do.
+    Order,
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
@@ -342,15 +359,35 @@ impl History {
 
     /// Checks a recovered image against the history at power-loss time `t`.
     fn check(&self, image: &[u8], t: u64) -> Result<(), String> {
+        self.check_damaged(image, t, &vec![false; BLOCKS as usize], Relax::None)
+    }
+
+    /// [`History::check`] of an image recovered from a damaged cache device: blocks in `lost`
+    /// (reads failed with EIO) are not looked at, and `relax` drops what the damage may
+    /// legitimately have broken.
+    fn check_damaged(
+        &self,
+        image: &[u8],
+        t: u64,
+        lost: &[bool],
+        relax: Relax,
+    ) -> Result<(), String> {
         let mut scratch = vec![0u8; SECTOR as usize];
         let vals: Vec<V> = (0..BLOCKS * SPB)
             .map(|i| parse(image, i / SPB, i % SPB, &mut scratch))
             .collect();
         let at = |b: u64, s: u64| vals[(b * SPB + s) as usize];
-        let free = self.free_blocks(t);
+        // A lost block is treated like a trimmed one: its content is not looked at.
+        let mut free = self.free_blocks(t);
+        for (f, &l) in free.iter_mut().zip(lost) {
+            *f |= l;
+        }
         let mut present_max_start = 0u64;
         let mut present_by = 0usize;
         for b in 0..BLOCKS {
+            if lost[b as usize] {
+                continue;
+            }
             for s in 0..SPB {
                 match at(b, s) {
                     V::Garbage => {
@@ -403,7 +440,7 @@ impl History {
             if o.kind == Kind::Flush || o.kind == Kind::Trim || o.start >= t {
                 continue;
             }
-            if self.durable(x, t) {
+            if relax == Relax::None && self.durable(x, t) {
                 intact(x).map_err(|(b, e)| {
                     format!(
                         "durable {} lost at power loss {t}: {e}\n{}",
@@ -419,7 +456,7 @@ impl History {
             let shows = |u: u32| {
                 (0..o.n).any(|k| {
                     let b = o.lba + k;
-                    (0..SPB).any(|s| at(b, s) == V::Unit(u))
+                    !lost[b as usize] && (0..SPB).any(|s| at(b, s) == V::Unit(u))
                 })
             };
             if let Some(last) = o.units.iter().rposition(|&(u, _, _)| shows(u)) {
@@ -445,7 +482,7 @@ impl History {
                 }
             }
             // Prefix: it returned before the newest write that shows started.
-            if o.ok && o.end < present_max_start {
+            if relax != Relax::Order && o.ok && o.end < present_max_start {
                 intact(x).map_err(|(b, e)| {
                     format!(
                         "not a prefix: {} returned before {} started, which shows, but: {e}\n{}",
@@ -966,6 +1003,17 @@ fn recover_and_check(h: &History, snap: Snap, r: &mut Rng) -> Result<u64, String
     let first = read_export(&cache).map_err(ctx)?;
     h.check(&first, snap.t).map_err(ctx)?;
     points += 1;
+    // The same crash image again, damaged before recovery (the corruption campaign).
+    let baseline = Baseline {
+        image: &first,
+        log_end: cache.report().log_end,
+        lost: lost_mask(&cache.lost_ranges()),
+    };
+    step("recovering a damaged copy");
+    damage_and_check(h, &snap, &baseline, r).map_err(|e| {
+        bump(&DAMAGE.failed, 1);
+        ctx(e)
+    })?;
     if let Some(images) = inner.lock().unwrap().take() {
         step("recovering after a power loss during recovery");
         let rail2 = Rail::new();
@@ -1004,6 +1052,595 @@ fn recover_and_check(h: &History, snap: Snap, r: &mut Rng) -> Result<u64, String
     step("dropping the recovered cache");
     drop(cache);
     Ok(points)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The corruption campaign: damage between crash and recovery
+// ---------------------------------------------------------------------------------------------
+
+/// What the undamaged recovery of a crash image read: the reference for the damaged one.
+struct Baseline<'a> {
+    image: &'a [u8],
+    log_end: u64,
+    lost: Vec<bool>,
+}
+
+fn lost_mask(ranges: &[(u64, u64)]) -> Vec<bool> {
+    let mut m = vec![false; BLOCKS as usize];
+    for &(first, n) in ranges {
+        for b in first..(first + n).min(BLOCKS) {
+            m[b as usize] = true;
+        }
+    }
+    m
+}
+
+/// Where on the cache device a damage landed (what the campaign aims at).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Region {
+    Superblock,
+    Checkpoint,
+    Header,
+    Data,
+    Anywhere,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Harm {
+    /// One byte XOR a non-zero value.
+    Flip,
+    /// A 512-byte sector zeroed.
+    ZeroSector,
+    /// A 4 KiB block zeroed.
+    ZeroBlock,
+    /// A 512-byte sector copied over another (a misdirected write).
+    DupSector,
+    /// A 4 KiB block copied over another.
+    DupBlock,
+}
+
+/// One damage: bytes `[at, at + len)` of the cache device changed.
+#[derive(Debug, Clone, Copy)]
+#[allow(dead_code)] // `region` and `harm` are for failure messages
+struct Hit {
+    region: Region,
+    harm: Harm,
+    at: u64,
+    len: u64,
+}
+
+impl Hit {
+    fn overlaps(&self, from: u64, len: u64) -> bool {
+        self.at < from + len && from < self.at + self.len
+    }
+}
+
+/// The batch headers of this cache's log found on a device image (every block boundary of the
+/// data area tried; stale headers of earlier passes over a segment included).
+struct LogMap {
+    bs: u64,
+    /// (offset of the header block, header).
+    headers: Vec<(u64, BatchHeader)>,
+}
+
+impl LogMap {
+    fn scan(image: &[u8], geo: &Geometry, log: u64) -> LogMap {
+        let bps = geo.blocks_per_segment();
+        let headers = (0..geo.slot_count())
+            .filter_map(|slot| {
+                let at = geo.slot_offset(slot);
+                let h = BatchHeader::decode(&image[at as usize..(at + BS) as usize]).ok()?;
+                // Only headers that fit their segment (the walk refuses others).
+                (h.log == log && slot % bps + 1 + h.data_blocks() <= bps).then_some((at, h))
+            })
+            .collect();
+        LogMap { bs: BS, headers }
+    }
+
+    /// Blocks that losing records touched by `hits` may lose: every record whose header or data
+    /// a hit overlaps, and the records of the header before a damaged one (its copy lives in
+    /// the damaged header's second half).
+    fn may_lose(&self, hits: &[Hit]) -> Vec<bool> {
+        let mut m = vec![false; BLOCKS as usize];
+        let mut mark = |e: &batch::Entry| {
+            for b in e.lba..(e.lba + e.nblocks as u64).min(BLOCKS) {
+                m[b as usize] = true;
+            }
+        };
+        for (at, h) in &self.headers {
+            if hits.iter().any(|x| x.overlaps(*at, self.bs)) {
+                h.entries.iter().for_each(&mut mark);
+                for (_, p) in &self.headers {
+                    if p.seq_end() == h.seq_first && p.epoch <= h.epoch {
+                        p.entries.iter().for_each(&mut mark);
+                    }
+                }
+            }
+            let mut data = at + self.bs;
+            for e in &h.entries {
+                let len = e.data_blocks() as u64 * self.bs;
+                if len > 0 && hits.iter().any(|x| x.overlaps(data, len)) {
+                    mark(e);
+                }
+                data += len;
+            }
+        }
+        m
+    }
+}
+
+/// A place to damage, weighted so that the log (headers and record data) is hit most.
+fn pick_place(r: &mut Rng, geo: &Geometry, image: &[u8], map: &LogMap) -> (Region, u64) {
+    let roll = r.below(100);
+    let data_end = geo.used_size();
+    // The newest headers matter most (replayed after the checkpoint); older ones still map
+    // live blocks.
+    let mut newest: Vec<usize> = (0..map.headers.len()).collect();
+    newest.sort_by_key(|&i| {
+        let h = &map.headers[i].1;
+        std::cmp::Reverse((h.epoch, h.seq_first))
+    });
+    newest.truncate(8);
+    let header = |r: &mut Rng, with_data: bool| -> Option<usize> {
+        let ok = |i: &usize| !with_data || map.headers[*i].1.data_blocks() > 0;
+        let pool: Vec<usize> = if r.chance(0.6) {
+            newest.iter().copied().filter(ok).collect()
+        } else {
+            (0..map.headers.len()).filter(ok).collect()
+        };
+        (!pool.is_empty()).then(|| *r.pick(&pool))
+    };
+    if roll < 8 {
+        // Either copy; mostly the fields (the backing store name and fingerprint are long).
+        let copy = r.below(2) * 4096;
+        let off = if r.chance(0.7) {
+            r.below(128)
+        } else {
+            r.below(4096)
+        };
+        return (Region::Superblock, copy + off);
+    }
+    if roll < 20 {
+        let slot = r.below(2) as u32;
+        let at = geo.checkpoint_slot_offset(slot);
+        let head = &image[at as usize..at as usize + 4096];
+        let used = match Checkpoint::decode_header(head) {
+            Ok(h) => 4096 + h.body_len,
+            Err(_) => 4096,
+        }
+        .min(geo.checkpoint_slot_size);
+        return (Region::Checkpoint, at + r.below(used));
+    }
+    if roll < 50 {
+        if let Some(i) = header(r, false) {
+            let (at, _) = map.headers[i];
+            // The own half mostly, the copy of the previous header sometimes.
+            let off = if r.chance(0.7) {
+                r.below(2048)
+            } else {
+                2048 + r.below(2048)
+            };
+            return (Region::Header, at + off);
+        }
+    }
+    if roll < 90 {
+        if let Some(i) = header(r, true) {
+            let (at, ref h) = map.headers[i];
+            let k = r.below(h.data_blocks() as u64);
+            return (Region::Data, at + BS * (1 + k) + r.below(BS));
+        }
+    }
+    let off = geo.data_offset + r.below(data_end - geo.data_offset);
+    (Region::Anywhere, off)
+}
+
+/// Applies 1 to 3 damages to a cache device image.
+fn damage(image: &mut [u8], geo: &Geometry, map: &LogMap, r: &mut Rng) -> Vec<Hit> {
+    let n = *r.pick(&[1, 1, 1, 2, 2, 3]);
+    let mut hits = Vec::new();
+    for _ in 0..n {
+        let (region, at) = pick_place(r, geo, image, map);
+        let roll = r.below(100);
+        let harm = match roll {
+            0..=39 => Harm::Flip,
+            40..=64 => Harm::ZeroSector,
+            65..=74 => Harm::ZeroBlock,
+            75..=94 => Harm::DupSector,
+            _ => Harm::DupBlock,
+        };
+        let hit = match harm {
+            Harm::Flip => {
+                image[at as usize] ^= r.range(1, 255) as u8;
+                Hit {
+                    region,
+                    harm,
+                    at,
+                    len: 1,
+                }
+            }
+            Harm::ZeroSector | Harm::ZeroBlock | Harm::DupSector | Harm::DupBlock => {
+                let len = if matches!(harm, Harm::ZeroSector | Harm::DupSector) {
+                    SECTOR
+                } else {
+                    BS
+                };
+                let at = at / len * len;
+                if matches!(harm, Harm::DupSector | Harm::DupBlock) {
+                    // From another place the campaign aims at (a header over data, data over
+                    // a header, a checkpoint over another...).
+                    let (_, from) = pick_place(r, geo, image, map);
+                    let from = from / len * len;
+                    image.copy_within(from as usize..(from + len) as usize, at as usize);
+                } else {
+                    image[at as usize..(at + len) as usize].fill(0);
+                }
+                Hit {
+                    region,
+                    harm,
+                    at,
+                    len,
+                }
+            }
+        };
+        hits.push(hit);
+    }
+    hits
+}
+
+/// Outcomes of the corruption campaign, over all runs (the summary line).
+#[derive(Default)]
+struct DamageStats {
+    images: AtomicU64,
+    hits: AtomicU64,
+    /// Recovery reported something damaged and repaired it from a good copy (nothing lost).
+    repaired: AtomicU64,
+    /// Recoveries with lost blocks, and lost blocks in all.
+    with_lost: AtomicU64,
+    lost_blocks: AtomicU64,
+    /// Clean records dropped (read from the backing store again).
+    clean_dropped: AtomicU64,
+    /// The log ended earlier than without the damage (an unvouched last batch: a torn tail).
+    cut: AtomicU64,
+    /// Records lost with their headers.
+    unknown: AtomicU64,
+    /// Recovery refused the device (both copies of the superblock or checkpoint hit).
+    refused: AtomicU64,
+    /// Nothing to see: the damage fell where nothing reads it, or on data read from elsewhere.
+    unnoticed: AtomicU64,
+    lost_rewritten: AtomicU64,
+    /// Failed checks (wrong data served or written back, lost blocks outside damaged records,
+    /// recovery refusing a repairable device...): must stay 0.
+    failed: AtomicU64,
+}
+
+static DAMAGE: DamageStats = DamageStats {
+    images: AtomicU64::new(0),
+    hits: AtomicU64::new(0),
+    repaired: AtomicU64::new(0),
+    with_lost: AtomicU64::new(0),
+    lost_blocks: AtomicU64::new(0),
+    clean_dropped: AtomicU64::new(0),
+    cut: AtomicU64::new(0),
+    unknown: AtomicU64::new(0),
+    refused: AtomicU64::new(0),
+    unnoticed: AtomicU64::new(0),
+    lost_rewritten: AtomicU64::new(0),
+    failed: AtomicU64::new(0),
+};
+
+fn bump(c: &AtomicU64, n: u64) {
+    c.fetch_add(n, Ordering::Relaxed);
+}
+
+impl DamageStats {
+    fn summary(&self) -> String {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        format!(
+            "{} damaged images ({} damages): {} repaired, {} with lost blocks ({} blocks), {} \
+             clean records dropped, {} torn-tail cuts, {} unknown gaps, {} refused (both copies \
+             hit), {} unnoticed; {} lost blocks rewritten; failed checks (wrong data, ...): {}",
+            g(&self.images),
+            g(&self.hits),
+            g(&self.repaired),
+            g(&self.with_lost),
+            g(&self.lost_blocks),
+            g(&self.clean_dropped),
+            g(&self.cut),
+            g(&self.unknown),
+            g(&self.refused),
+            g(&self.unnoticed),
+            g(&self.lost_rewritten),
+            g(&self.failed),
+        )
+    }
+}
+
+/// Reads the whole export, block by block where a large read fails: the content (zeroes where
+/// a read failed) and the blocks whose reads failed.
+fn read_tolerant(c: &Cache) -> (Vec<u8>, Vec<Option<String>>) {
+    let mut out = vec![0u8; BACKING as usize];
+    let mut failed = vec![None; BLOCKS as usize];
+    let chunk = 64u64;
+    for first in (0..BLOCKS).step_by(chunk as usize) {
+        let range = (first * BS) as usize..((first + chunk) * BS) as usize;
+        if c.read_at(&mut out[range.clone()], first * BS).is_ok() {
+            continue;
+        }
+        for b in first..first + chunk {
+            let range = (b * BS) as usize..((b + 1) * BS) as usize;
+            if let Err(e) = c.read_at(&mut out[range.clone()], b * BS) {
+                out[range].fill(0);
+                failed[b as usize] = Some(e.to_string());
+            }
+        }
+    }
+    (out, failed)
+}
+
+/// Whether every valid copy of the superblock, or of the checkpoint, in the undamaged `image`
+/// was hit: the only damage recovery may refuse (with a typed error) instead of repairing. (A
+/// checkpoint slot may hold nothing valid without damage: never written yet, or torn by the
+/// power loss in the middle of a checkpoint.)
+fn every_copy_hit(hits: &[Hit], geo: &Geometry, image: &[u8]) -> bool {
+    let hit = |from: u64, len: u64| hits.iter().any(|x| x.overlaps(from, len));
+    let sb = (0..2u64).all(|c| {
+        let at = (c * 4096) as usize;
+        Superblock::decode(&image[at..at + 4096]).is_err() || hit(at as u64, 4096)
+    });
+    let ck = (0..2).all(|s| {
+        let at = geo.checkpoint_slot_offset(s);
+        let valid = Checkpoint::decode_header(&image[at as usize..at as usize + 4096])
+            .ok()
+            .filter(|h| 4096 + h.body_len <= geo.checkpoint_slot_size)
+            .and_then(|h| {
+                let body = &image[at as usize + 4096..(at + 4096 + h.body_len) as usize];
+                Checkpoint::decode_body(&h, body).ok()
+            })
+            .is_some();
+        !valid || hit(at, geo.checkpoint_slot_size)
+    });
+    sb || ck
+}
+
+/// Damages a copy of the crash image's cache device (1 to 3 damages), recovers it and checks:
+/// - recovery succeeds unless both copies of the superblock or of the checkpoint were hit (then
+///   it may refuse with an error, never panic or open garbage);
+/// - every read returns data, or EIO exactly for the blocks `lost_ranges` lists;
+/// - confinement: blocks lost (beyond what the undamaged recovery lost) all belong to records
+///   whose header or data bytes were hit;
+/// - every block that reads is exactly what the undamaged recovery read, unless the log was cut
+///   at an unvouched batch (then a prefix of the history, [`Relax::Durability`]) or records
+///   were lost with their headers ([`Relax::Order`]); either way [`History::check_damaged`];
+/// - after `write_back_all`, the backing store holds what reads return, and for lost blocks
+///   some stamped data that was written before the power loss (never garbage);
+/// - writing a lost block makes it read again, and empties `lost_ranges` in the end.
+fn damage_and_check(
+    h: &History,
+    snap: &Snap,
+    base: &Baseline<'_>,
+    r: &mut Rng,
+) -> Result<(), String> {
+    let mut image = snap.images[0].clone();
+    let sb = read_superblock(&CrashDev::from_image(image.clone()))
+        .map_err(|e| format!("the undamaged crash image has no superblock: {e}"))?;
+    let geo = sb.geometry;
+    let map = LogMap::scan(&image, &geo, batch::log_id(&sb.uuid));
+    let hits = damage(&mut image, &geo, &map, r);
+    bump(&DAMAGE.images, 1);
+    bump(&DAMAGE.hits, hits.len() as u64);
+    let what = format!("damage {hits:?}");
+    let ctx = |e: String| format!("{what}: {e}");
+
+    let rail = Rail::new();
+    let bdev = rail.attach(Arc::new(CrashDev::from_image(snap.images[1].clone())));
+    let c = match open(
+        rail.attach(Arc::new(CrashDev::from_image(image.clone()))),
+        bdev.clone(),
+        None,
+    ) {
+        Ok(c) => c,
+        Err(e) if every_copy_hit(&hits, &geo, &snap.images[0]) => {
+            bump(&DAMAGE.refused, 1);
+            let _ = e;
+            return Ok(());
+        }
+        Err(e) => return Err(ctx(format!("recovery refused the damaged cache: {e}"))),
+    };
+    let report = c.report().clone();
+    let unknown = report
+        .damage
+        .iter()
+        .any(|d| matches!(d, Damage::Unknown { .. }));
+    let cut = report.log_end < base.log_end;
+    if report.log_end > base.log_end {
+        return Err(ctx(format!(
+            "the damaged log replayed further (to {}) than the undamaged one ({})",
+            report.log_end, base.log_end
+        )));
+    }
+
+    if cut {
+        // A cut is only for a batch no header vouches for: its direct successor (a batch, seal
+        // or note whose copy of the previous header is that batch's), if intact, must not say
+        // it was synced.
+        let log = batch::log_id(&sb.uuid);
+        for slot in 0..geo.slot_count() {
+            let at = geo.slot_offset(slot);
+            let b = &image[at as usize..(at + BS) as usize];
+            let (Ok(next), Ok(prev)) = (BatchHeader::decode(b), BatchHeader::decode_prev(b)) else {
+                continue;
+            };
+            let c = report.log_end;
+            if next.log == log
+                && prev.log == log
+                && next.epoch >= prev.epoch
+                && next.seq_first == prev.seq_end()
+                && (prev.seq_first..prev.seq_end()).contains(&c)
+                && next.durable > c
+                && !hits.iter().any(|x| x.overlaps(at, BS))
+            {
+                return Err(ctx(format!(
+                    "the log was cut at record {c} (undamaged: {}), but the intact header at \
+                     {at} follows its batch and vouches for it (durable {})",
+                    base.log_end, next.durable
+                )));
+            }
+        }
+    }
+
+    let (got, failed) = read_tolerant(&c);
+    if c.status().failed {
+        return Err(ctx(format!(
+            "the cache failed while reading: {:?}",
+            c.status()
+        )));
+    }
+    let lost = lost_mask(&c.lost_ranges());
+    let may_lose = map.may_lose(&hits);
+    let mut newly_lost = 0;
+    for b in 0..BLOCKS as usize {
+        match (&failed[b], lost[b]) {
+            (Some(e), false) => {
+                return Err(ctx(format!(
+                    "block {b} failed to read but is not lost: {e}"
+                )))
+            }
+            (None, true) => {
+                return Err(ctx(format!("block {b} is lost but read without an error")))
+            }
+            _ => {}
+        }
+        if lost[b] && !base.lost[b] {
+            newly_lost += 1;
+            if !may_lose[b] {
+                return Err(ctx(format!(
+                    "block {b} is lost, but no record writing it was damaged (report: {:?})",
+                    report.damage
+                )));
+            }
+        }
+    }
+
+    // The data.
+    let relax = if unknown {
+        Relax::Order
+    } else if cut {
+        Relax::Durability
+    } else {
+        Relax::None
+    };
+    if relax == Relax::None {
+        for (b, &is_lost) in lost.iter().enumerate() {
+            let range = b * BS as usize..(b + 1) * BS as usize;
+            if !is_lost && got[range.clone()] != base.image[range.clone()] {
+                let mut scratch = vec![0u8; SECTOR as usize];
+                let (v, w) = (
+                    parse(&got, b as u64, 0, &mut scratch),
+                    parse(base.image, b as u64, 0, &mut scratch),
+                );
+                return Err(ctx(format!(
+                    "WRONG DATA: block {b} reads {} where the undamaged recovery read {} \
+                     (report: {:?})\n{}",
+                    h.describe_v(v),
+                    h.describe_v(w),
+                    report.damage,
+                    h.block_story(b as u64)
+                )));
+            }
+        }
+    }
+    h.check_damaged(&got, snap.t, &lost, relax).map_err(|e| {
+        ctx(format!(
+            "WRONG DATA ({relax:?}, report {:?}): {e}",
+            report.damage
+        ))
+    })?;
+
+    // Write-back never writes garbage; lost blocks are never written back.
+    c.write_back_all()
+        .map_err(|e| ctx(format!("write_back_all: {e}")))?;
+    let mut backing = vec![0u8; BACKING as usize];
+    bdev.read_at(&mut backing, 0)
+        .map_err(|e| ctx(format!("reading the backing store: {e}")))?;
+    let mut scratch = vec![0u8; SECTOR as usize];
+    for b in 0..BLOCKS {
+        let range = (b * BS) as usize..((b + 1) * BS) as usize;
+        if !lost[b as usize] {
+            if backing[range.clone()] != got[range] {
+                return Err(ctx(format!(
+                    "after write-back, backing block {b} differs from what the cache read"
+                )));
+            }
+            continue;
+        }
+        for s in 0..SPB {
+            match parse(&backing, b, s, &mut scratch) {
+                V::Garbage => {
+                    return Err(ctx(format!(
+                        "after write-back, lost block {b} sector {s} holds garbage"
+                    )))
+                }
+                V::Unit(u) if u != INIT => {
+                    let ok = h.unit_op.get(&u).is_some_and(|&i| h.ops[i].start < snap.t);
+                    if !ok {
+                        return Err(ctx(format!(
+                            "after write-back, lost block {b} sector {s} holds {}",
+                            h.describe_v(V::Unit(u))
+                        )));
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    // Writing a lost block makes it whole.
+    let ranges = c.lost_ranges();
+    for &(first, n) in &ranges {
+        let data = pattern(mix(first, n), (n * BS) as usize);
+        c.write_at(&data, first * BS, false)
+            .map_err(|e| ctx(format!("rewriting lost blocks {first}+{n}: {e}")))?;
+        let mut back = vec![0u8; data.len()];
+        c.read_at(&mut back, first * BS)
+            .map_err(|e| ctx(format!("reading rewritten lost blocks {first}+{n}: {e}")))?;
+        if back != data {
+            return Err(ctx(format!("rewritten lost blocks {first}+{n} read wrong")));
+        }
+        bump(&DAMAGE.lost_rewritten, n);
+    }
+    if !c.lost_ranges().is_empty() {
+        return Err(ctx(format!(
+            "lost ranges remain after rewriting them: {:?}",
+            c.lost_ranges()
+        )));
+    }
+
+    // Outcome counts.
+    let dropped = report
+        .damage
+        .iter()
+        .filter(|d| matches!(d, Damage::CleanRecord { .. }))
+        .count() as u64;
+    bump(&DAMAGE.clean_dropped, dropped);
+    if unknown {
+        bump(&DAMAGE.unknown, 1);
+    }
+    if cut {
+        bump(&DAMAGE.cut, 1);
+    }
+    if newly_lost > 0 {
+        bump(&DAMAGE.with_lost, 1);
+        bump(&DAMAGE.lost_blocks, newly_lost);
+    }
+    if !report.damage.is_empty() && !report.damage.iter().any(Damage::loses_data) && newly_lost == 0
+    {
+        bump(&DAMAGE.repaired, 1);
+    }
+    if report.damage.is_empty() && newly_lost == 0 && !cut {
+        bump(&DAMAGE.unnoticed, 1);
+    }
+    drop(c);
+    Ok(())
 }
 
 fn cfg_for(seed: u64) -> Cfg {
@@ -1073,6 +1710,7 @@ fn campaign(default_seed: u64, points: u64, long_points: u64) {
         run_no += 1;
     }
     let runs = run_no - first;
+    eprintln!("corruption: {}", DAMAGE.summary());
     eprintln!(
         "power_loss: {checked} power losses checked in {runs} runs ({} failed), {:.1?} \
          (FLASHTIER_SEED={base:#x})",

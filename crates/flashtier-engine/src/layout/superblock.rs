@@ -271,10 +271,15 @@ impl Superblock {
             return Err(FormatError::NotACache);
         }
         let version = le::u32(b, 8);
-        if version != FORMAT_VERSION {
+        let crc_ok = crc32c::crc32c(&b[..LEN - 4]) == le::u32(b, LEN - 4);
+        // Every version keeps the magic, the version here and this checksum at the end: a copy
+        // naming another version is believed only if it checks out. Otherwise it is a damaged
+        // copy (a flipped byte in the version field refused the whole device, found by the
+        // corruption campaign), and the other copy is used.
+        if version != FORMAT_VERSION && crc_ok {
             return Err(FormatError::UnsupportedVersion(version));
         }
-        if crc32c::crc32c(&b[..LEN - 4]) != le::u32(b, LEN - 4) {
+        if !crc_ok {
             return Err(FormatError::Corrupt("superblock checksum mismatch".into()));
         }
         let id_len = le::u16(b, 120) as usize;
@@ -590,11 +595,17 @@ mod tests {
             Err(FormatError::NotACache)
         ));
         for old_or_new in [1u32, 3] {
-            let mut other = good;
-            other[8..12].copy_from_slice(&old_or_new.to_le_bytes());
+            let other = with_version(&good, old_or_new);
             assert!(matches!(
                 Superblock::decode(&other),
                 Err(FormatError::UnsupportedVersion(v)) if v == old_or_new
+            ));
+            // The same bytes without a matching checksum: a damaged version-2 copy.
+            let mut damaged = good;
+            damaged[8..12].copy_from_slice(&old_or_new.to_le_bytes());
+            assert!(matches!(
+                Superblock::decode(&damaged),
+                Err(FormatError::Corrupt(_))
             ));
         }
         // Consistent checksum, impossible geometry.
@@ -619,8 +630,7 @@ mod tests {
         let mut torn = b;
         torn[3000] ^= 0xff;
         assert_eq!(Superblock::choose(&a, &torn).unwrap(), old);
-        let mut v9 = a;
-        v9[8] = 9;
+        let v9 = with_version(&a, 9);
         assert!(matches!(
             Superblock::choose(&v9, &[0u8; LEN]),
             Err(FormatError::UnsupportedVersion(9))
@@ -631,8 +641,7 @@ mod tests {
     fn one_copy_of_an_unknown_version_refuses_the_device() {
         let mut newer = sample();
         newer.generation = 8;
-        let mut v3 = newer.encode().unwrap();
-        v3[8] = 3;
+        let v3 = with_version(&newer.encode().unwrap(), 3);
         let v2 = sample().encode().unwrap();
         for (a, b) in [(&v3, &v2), (&v2, &v3)] {
             assert!(matches!(
@@ -640,5 +649,18 @@ mod tests {
                 Err(FormatError::UnsupportedVersion(3))
             ));
         }
+        // A version field damaged in one copy (checksum wrong) is not another version.
+        let mut flipped = v2;
+        flipped[9] ^= 0x40;
+        assert_eq!(Superblock::choose(&flipped, &v2).unwrap(), sample());
+    }
+
+    /// `b` as another version would write it (the checksum matches).
+    fn with_version(b: &[u8; LEN], version: u32) -> [u8; LEN] {
+        let mut out = *b;
+        out[8..12].copy_from_slice(&version.to_le_bytes());
+        let crc = crc32c::crc32c(&out[..LEN - 4]);
+        le::put_u32(&mut out, LEN - 4, crc);
+        out
     }
 }
