@@ -193,4 +193,26 @@ impl Client {
             force,
         })
     }
+
+    /// Starts a scrub in the background, at most `rate` bytes per second.
+    pub fn scrub(&mut self, rate: Option<u64>) -> Result<(), ClientError> {
+        self.call(&Request::Scrub { rate }).map(drop)
+    }
+
+    /// Asks the running scrub to stop.
+    pub fn scrub_cancel(&mut self) -> Result<(), ClientError> {
+        self.call(&Request::ScrubCancel).map(drop)
+    }
+
+    /// Forgets lost blocks (all, or those bytes `offset`.. `length` touch); returns how many.
+    pub fn forget_lost(
+        &mut self,
+        offset: Option<u64>,
+        length: Option<u64>,
+    ) -> Result<u64, ClientError> {
+        let v = self.call(&Request::ForgetLost { offset, length })?;
+        v.get("forgotten")
+            .and_then(|m| m.as_u64())
+            .ok_or_else(|| self.protocol("no forgotten in the answer"))
+    }
 }

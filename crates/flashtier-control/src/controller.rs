@@ -28,6 +28,7 @@ use crate::report::{
     read_hit_pct, write_hit_pct, CacheStatus, Derived, JobReport, LatencyReport, Ordered, Report,
     StatusReport, Wear,
 };
+use crate::scrub_job::{ScrubError, Scrubber};
 use crate::switch::Switchable;
 use crate::timed::{Latencies, Op};
 use crate::windows::{Counters, Sampler, TOTAL};
@@ -116,6 +117,10 @@ pub enum ControlError {
     },
     #[error(transparent)]
     Listen(#[from] flashtier_nbd::ServerError),
+    #[error(transparent)]
+    Scrub(#[from] ScrubError),
+    #[error("{what} is beyond the end of the device ({size} bytes)")]
+    OutOfRange { what: String, size: u64 },
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -293,6 +298,7 @@ pub struct Controller {
     wear_sampler: Mutex<Sampler>,
     lat_baseline: Mutex<Vec<HistSnapshot>>,
     job: Arc<Mutex<Option<Job>>>,
+    scrub: Arc<Scrubber>,
     /// Held from checking a change of parameters to applying it (persisting in between), so
     /// two control clients cannot interleave and leave a file or a cache neither checked.
     setting: Mutex<()>,
@@ -315,6 +321,7 @@ impl Controller {
             wear_sampler: Mutex::new(Sampler::new(0, &[])),
             lat_baseline: Mutex::new(vec![HistSnapshot::default(); Op::ALL.len()]),
             job: Arc::default(),
+            scrub: Arc::default(),
             setting: Mutex::new(()),
         };
         let raw = c.raw_counters();
@@ -385,6 +392,7 @@ impl Controller {
         Report {
             status,
             job: self.job_report(),
+            scrub: self.scrub.status(),
             counters,
             derived,
             window_secs: windows.iter().map(|w| (w.name, w.secs)).collect(),
@@ -405,20 +413,25 @@ impl Controller {
     }
 
     fn status_report(&self, now: u64) -> StatusReport {
-        let (st, cache_state) = {
+        let (st, lost_ranges, cache_state) = {
             let att = self.att.read();
-            (att.cache.as_ref().map(|c| c.status()), att.state())
+            let cache = att.cache.as_ref();
+            (
+                cache.map(|c| c.status()),
+                cache.map(|c| c.lost_ranges()).unwrap_or_default(),
+                att.state(),
+            )
         };
-        let health = match &st {
-            Some(s) if s.failed => "failed: the cache device failed; the cache refuses writes \
-                                    until flashtier is restarted (see its log)"
-                .to_string(),
-            Some(s) => match &s.backing_degraded {
-                Some(reason) => format!("degraded: {reason}"),
-                None => "ok".to_string(),
+        let health = st.as_ref().map_or_else(
+            || "ok".to_string(),
+            |s| {
+                health(
+                    s.failed,
+                    s.integrity.as_deref(),
+                    s.backing_degraded.as_deref(),
+                )
             },
-            None => "ok".to_string(),
-        };
+        );
         StatusReport {
             device: self.dev.describe(),
             size_bytes: self.dev.info().size,
@@ -445,6 +458,11 @@ impl Controller {
                 atomic_write_bytes: s.atomic_write_bytes,
                 reclaim_policy: s.reclaim.to_string(),
                 writeback: (&s.writeback).into(),
+                lost_blocks: s.lost_blocks,
+                lost_ranges: lost_ranges.iter().map(|&(f, n)| [f, n]).collect(),
+                integrity: s.integrity,
+                backing_degraded: s.backing_degraded,
+                recovery: s.recovery,
             }),
         }
     }
@@ -739,6 +757,62 @@ impl Controller {
         Ok(())
     }
 
+    /// Starts a scrub on a background thread (see [`Cache::scrub`]) and returns at once; the
+    /// report's `scrub` shows the progress. `rate` caps the bytes read per second. Refused
+    /// while a detach runs (it releases the cache the scrub would read).
+    pub fn start_scrub(&self, rate: Option<u64>) -> Result<(), ControlError> {
+        let cache = self.need_cache()?;
+        // Held while the scrub starts: a detach starting now stops it before releasing.
+        let job = self.job.lock();
+        if let Some(j) = job.as_ref().filter(|j| j.finished.is_none()) {
+            if matches!(j.kind, JobKind::Detach { .. }) {
+                return Err(ControlError::Busy(j.kind.long_name()));
+            }
+        }
+        self.scrub.start(cache, rate)?;
+        Ok(())
+    }
+
+    /// Asks the running scrub to stop; returns at once.
+    pub fn cancel_scrub(&self) -> Result<(), ControlError> {
+        Ok(self.scrub.cancel()?)
+    }
+
+    /// Acknowledges lost blocks (see [`Cache::forget_lost`]): every one (`offset` `None`), or
+    /// those the byte range `offset`, `length` touches (`length` `None`: the one block at
+    /// `offset`). Returns how many were forgotten.
+    pub fn forget_lost(
+        &self,
+        offset: Option<u64>,
+        length: Option<u64>,
+    ) -> Result<u64, ControlError> {
+        let cache = self.need_cache()?;
+        let size = self.dev.info().size;
+        let bs = cache.status().block_size as u64;
+        let range = match offset {
+            None => None,
+            Some(off) => {
+                let end = off.saturating_add(length.unwrap_or(1).max(1));
+                if off >= size {
+                    return Err(ControlError::OutOfRange {
+                        what: format!("offset {off}"),
+                        size,
+                    });
+                }
+                let (first, last) = (off / bs, end.min(size).div_ceil(bs));
+                Some((first, last - first))
+            }
+        };
+        let forgotten = cache.forget_lost(range)?;
+        if forgotten > 0 {
+            tracing::warn!(
+                blocks = forgotten,
+                "lost blocks forgotten: reads of them return the backing store's older data"
+            );
+        }
+        Ok(forgotten)
+    }
+
     /// Starts detaching the cache on a background thread and returns the dirty blocks it
     /// holds now: unless `force`, every dirty block is written back and the cache switched to
     /// pass-through (the report's `job` shows the progress, as for a mode switch); then the
@@ -759,10 +833,14 @@ impl Controller {
             );
         }
         let att = self.att.clone();
+        let scrub = self.scrub.clone();
         self.start_job(
             JobKind::Detach { from, force },
             || Ok(()),
-            move |cache, _| detach(cache, force, &d, &att),
+            move |cache, _| {
+                scrub.stop();
+                detach(cache, force, &d, &att)
+            },
         )?;
         Ok(dirty)
     }
@@ -878,6 +956,7 @@ impl Controller {
     /// Takes the attached cache out for shutdown (waiting for a detach that is releasing it):
     /// the caller closes it.
     pub fn take_cache(&self) -> Option<Arc<Cache>> {
+        self.scrub.stop();
         let mut att = self.att.write();
         let cache = att.cache.take()?;
         att.offset = add_counters(cache.stats().fields(), &att.offset);
@@ -891,6 +970,22 @@ impl Controller {
             .lock()
             .as_ref()
             .is_some_and(|j| j.finished.is_none())
+    }
+}
+
+/// The health line (see [`StatusReport::health`]): a failed cache device first, then lost
+/// data, then a failing backing store; a volume that is degraded for two reasons says both.
+fn health(failed: bool, integrity: Option<&str>, backing: Option<&str>) -> String {
+    if failed {
+        return "failed: the cache device failed; the cache refuses writes until it works \
+                again (see the log)"
+            .into();
+    }
+    let reasons: Vec<&str> = [integrity, backing].into_iter().flatten().collect();
+    if reasons.is_empty() {
+        "ok".into()
+    } else {
+        format!("degraded: {}", reasons.join("; "))
     }
 }
 
@@ -1023,7 +1118,15 @@ pub(crate) mod tests {
         backing: Arc<dyn BlockDev>,
         persist: Option<PersistFn>,
     ) -> (Arc<Controller>, Arc<Timed>) {
-        let dev: Arc<dyn BlockDev> = Arc::new(MemDev::new(16 << 20));
+        cached_with(Arc::new(MemDev::new(16 << 20)), backing, persist)
+    }
+
+    /// [`cached_on`] with the cache on `dev`.
+    fn cached_with(
+        dev: Arc<dyn BlockDev>,
+        backing: Arc<dyn BlockDev>,
+        persist: Option<PersistFn>,
+    ) -> (Arc<Controller>, Arc<Timed>) {
         let ident = BackingIdentity {
             size: 8 << 20,
             name: "test-backing".into(),
@@ -1407,6 +1510,92 @@ pub(crate) mod tests {
         let prom = r.to_prometheus();
         assert!(prom.contains("\nflashtier_backing_degraded 0\n"), "{prom}");
         assert!(prom.contains("\nflashtier_healthy 1\n"), "{prom}");
+    }
+
+    /// A dirty block damaged on the cache device: the scrub finds it, the report, the stats
+    /// text and Prometheus show it, reads of it fail, and `forget-lost` clears it.
+    #[test]
+    fn a_scrub_reports_a_damaged_dirty_block_until_it_is_forgotten() {
+        let cache_dev = Arc::new(MemDev::new(16 << 20));
+        let (c, dev) = cached_with(cache_dev.clone(), Arc::new(MemDev::new(8 << 20)), None);
+        let data = [0xa7u8; 4096];
+        dev.write_at(&data, 8192, true).unwrap();
+        // Find the block on the cache device by its content and flip one byte of it.
+        let mut block = [0u8; 4096];
+        let slot = (0..(16u64 << 20) / 4096)
+            .map(|i| i * 4096)
+            .find(|&off| {
+                cache_dev.read_at(&mut block, off).unwrap();
+                block == data
+            })
+            .expect("the block on the cache device");
+        cache_dev.read_at(&mut block[..1], slot + 100).unwrap();
+        block[0] ^= 0x01;
+        cache_dev.write_at(&block[..1], slot + 100, false).unwrap();
+
+        c.start_scrub(None).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let scrub = loop {
+            let s = c.report().scrub.expect("a scrub");
+            if s.done {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "the scrub did not finish");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert_eq!((scrub.lost_blocks, &scrub.error), (1, &None));
+        assert!(scrub.checked_blocks >= 1 && !scrub.cancelled, "{scrub:?}");
+        let r = c.report();
+        let cs = r.status.cache_status.as_ref().unwrap();
+        assert_eq!((cs.lost_blocks, &cs.lost_ranges[..]), (1, &[[2, 1]][..]));
+        assert!(
+            r.status.health.starts_with("degraded: 1 block(s) lost"),
+            "{}",
+            r.status.health
+        );
+        assert!(r.render_status().contains("offset 8192 (block 2)"));
+        assert!(r.to_stats_text().contains("\nlost_blocks 1\n"));
+        let prom = r.to_prometheus();
+        for line in [
+            "flashtier_lost_blocks 1",
+            "flashtier_integrity_degraded 1",
+            "flashtier_backing_degraded 0",
+            "flashtier_healthy 0",
+        ] {
+            assert!(prom.contains(&format!("\n{line}\n")), "{line}: {prom}");
+        }
+        let e = dev.read_at(&mut block, 8192).unwrap_err();
+        assert!(
+            e.get_ref()
+                .is_some_and(|e| e.is::<flashtier_engine::IntegrityError>()),
+            "{e}"
+        );
+
+        // Only the range named is forgotten; a range elsewhere forgets nothing.
+        assert_eq!(c.forget_lost(Some(0), Some(8192)).unwrap(), 0);
+        assert!(matches!(
+            c.forget_lost(Some(8 << 20), None).unwrap_err(),
+            ControlError::OutOfRange { .. }
+        ));
+        assert_eq!(c.forget_lost(Some(8192 + 100), None).unwrap(), 1);
+        let r = c.report();
+        assert_eq!(r.status.health, "ok");
+        assert!(r.to_prometheus().contains("\nflashtier_lost_blocks 0\n"));
+        dev.read_at(&mut block, 8192).unwrap();
+        assert_eq!(block, [0u8; 4096], "the backing store's older data");
+        c.take_cache().unwrap().close().unwrap();
+    }
+
+    #[test]
+    fn health_names_the_worst_first_and_every_reason() {
+        assert_eq!(health(false, None, None), "ok");
+        assert_eq!(health(false, None, Some("EIO")), "degraded: EIO");
+        assert_eq!(health(false, Some("1 lost"), None), "degraded: 1 lost");
+        assert_eq!(
+            health(false, Some("1 lost"), Some("EIO")),
+            "degraded: 1 lost; EIO"
+        );
+        assert!(health(true, Some("1 lost"), Some("EIO")).starts_with("failed: "));
     }
 
     #[test]

@@ -53,6 +53,7 @@ pub mod protocol;
 pub mod render;
 pub mod report;
 pub mod run_dir;
+pub mod scrub_job;
 pub mod server;
 pub mod statsfile;
 pub mod switch;

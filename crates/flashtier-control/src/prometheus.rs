@@ -104,14 +104,30 @@ impl Report {
             &format!("1 if health is ok, else 0 (health: {})", s.health),
             if s.health == "ok" { 1.0 } else { 0.0 },
         );
+        let cache = s.cache_status.as_ref();
         o.gauge(
             "flashtier_backing_degraded",
             "1 while the backing store is failing (dirty data kept, write-back retried), else 0",
-            if s.health.starts_with("degraded") {
+            if cache.is_some_and(|c| c.backing_degraded.is_some()) {
                 1.0
             } else {
                 0.0
             },
+        );
+        o.gauge(
+            "flashtier_integrity_degraded",
+            "1 while the cache's data is not whole (blocks lost, or records recovery could not \
+             place; see flashtier status), else 0",
+            if cache.is_some_and(|c| c.integrity.is_some()) {
+                1.0
+            } else {
+                0.0
+            },
+        );
+        o.gauge(
+            "flashtier_lost_blocks",
+            "Blocks whose newest data was lost: reads fail until rewritten or forget-lost",
+            cache.map_or(0.0, |c| c.lost_blocks as f64),
         );
         o.gauge(
             "flashtier_uptime_seconds",

@@ -4,7 +4,8 @@
 //! "persist":bool}`, `{"op":"set_many","settings":[{"name":N,"value":V},...],"persist":bool}`
 //! (all or nothing: for parameters that constrain each other), `{"op":"params"}`, `{"op":"mode","mode":M}`, `{"op":"flush"}`,
 //! `{"op":"flush_cancel"}`, `{"op":"reset_stats"}`, `{"op":"detach","force":bool}`,
-//! `{"op":"attach","cache":PATH|null,"mode":M|null,"force":bool}`.
+//! `{"op":"attach","cache":PATH|null,"mode":M|null,"force":bool}`, `{"op":"scrub","rate":N|null}`,
+//! `{"op":"scrub_cancel"}`, `{"op":"forget_lost","offset":N|null,"length":N|null}`.
 //! Responses: `{"ok":true,"result":...}` or `{"ok":false,"error":"message"}`. Line-delimited
 //! JSON keeps the protocol usable by hand (`socat - UNIX:control.sock`) and from any language.
 
@@ -60,6 +61,22 @@ pub enum Request {
         mode: Option<String>,
         #[serde(default)]
         force: bool,
+    },
+    /// Starts a scrub in the background (`rate`: bytes per second at most; none: as fast as
+    /// the device goes): `null`; progress is the report's `scrub`.
+    Scrub {
+        #[serde(default)]
+        rate: Option<u64>,
+    },
+    /// Stops the running scrub: `null`.
+    ScrubCancel,
+    /// Forgets lost blocks: all (no `offset`), or those the bytes from `offset` (`length`
+    /// bytes; none: one block) touch: `{"forgotten"}`.
+    ForgetLost {
+        #[serde(default)]
+        offset: Option<u64>,
+        #[serde(default)]
+        length: Option<u64>,
     },
 }
 
@@ -168,6 +185,32 @@ mod tests {
                 cache: Some("/dev/sdc".into()),
                 mode: None,
                 force: false
+            }
+        );
+        let r: Request = serde_json::from_str(r#"{"op":"scrub"}"#).unwrap();
+        assert_eq!(r, Request::Scrub { rate: None });
+        let r: Request = serde_json::from_str(r#"{"op":"scrub","rate":1048576}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::Scrub {
+                rate: Some(1 << 20)
+            }
+        );
+        let r: Request = serde_json::from_str(r#"{"op":"forget_lost"}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::ForgetLost {
+                offset: None,
+                length: None
+            }
+        );
+        let r: Request =
+            serde_json::from_str(r#"{"op":"forget_lost","offset":4096,"length":8192}"#).unwrap();
+        assert_eq!(
+            r,
+            Request::ForgetLost {
+                offset: Some(4096),
+                length: Some(8192)
             }
         );
         assert!(serde_json::from_str::<Request>(r#"{"op":"explode"}"#).is_err());

@@ -108,6 +108,69 @@ fn render_writeback(c: &crate::report::CacheStatus) -> String {
     }
 }
 
+/// Lost ranges shown in `flashtier status` (all of them are in the JSON).
+const LOST_RANGES_SHOWN: usize = 16;
+
+/// `2 blocks: offset 36864 (block 9), 4.00 KiB; offset 409600 (block 100), 4.00 KiB`.
+fn render_lost(c: &crate::report::CacheStatus) -> String {
+    let bs = c.block_size as u64;
+    let ranges: Vec<String> = c
+        .lost_ranges
+        .iter()
+        .take(LOST_RANGES_SHOWN)
+        .map(|&[first, n]| {
+            format!(
+                "offset {} (block {first}{}), {}",
+                first * bs,
+                if n > 1 {
+                    format!("..{}", first + n - 1)
+                } else {
+                    String::new()
+                },
+                fmt_bytes(n * bs)
+            )
+        })
+        .collect();
+    let more = c.lost_ranges.len().saturating_sub(LOST_RANGES_SHOWN);
+    format!(
+        "{} block{}: {}{}; reads fail until written again or `flashtier forget-lost`",
+        c.lost_blocks,
+        if c.lost_blocks == 1 { "" } else { "s" },
+        ranges.join("; "),
+        if more > 0 {
+            format!("; and {more} more ranges (`flashtier stats --json` lists them all)")
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// One line about the running or last scrub (`flashtier status`, `flashtier scrub --status`).
+pub fn render_scrub(s: &crate::report::ScrubStatus) -> String {
+    let found = format!(
+        "checked {} blocks, {} damaged clean blocks dropped, {} dirty blocks lost",
+        s.checked_blocks, s.dropped_blocks, s.lost_blocks
+    );
+    match (s.done, &s.error) {
+        (false, _) => format!(
+            "running{}: segment {} of {}, {found}, {:.0} s so far{}",
+            if s.cancelled { " (cancelling)" } else { "" },
+            s.segments_done,
+            s.segments_total,
+            s.elapsed_secs,
+            s.rate_bytes_per_sec
+                .map(|r| format!(", at most {}/s", fmt_bytes(r)))
+                .unwrap_or_default()
+        ),
+        (true, Some(e)) => format!("last scrub FAILED after {found}: {e}"),
+        (true, None) => format!(
+            "last scrub {} in {:.1} s: {found}",
+            if s.cancelled { "cancelled" } else { "done" },
+            s.elapsed_secs
+        ),
+    }
+}
+
 impl Report {
     /// `flashtier status`: what is served, how full, how healthy, what is in progress.
     pub fn render_status(&self) -> String {
@@ -171,8 +234,17 @@ impl Report {
                     format!("up to {}", fmt_bytes(c.atomic_write_bytes as u64)),
                 ],
             ]);
+            if c.lost_blocks > 0 {
+                rows.push(vec!["lost".into(), render_lost(c)]);
+            }
+            if !c.recovery.is_empty() {
+                rows.push(vec!["recovery".into(), c.recovery.join("; ")]);
+            }
         }
         rows.push(vec!["in progress".into(), self.render_job()]);
+        if let Some(scrub) = &self.scrub {
+            rows.push(vec!["scrub".into(), render_scrub(scrub)]);
+        }
         table(&rows, false)
     }
 
@@ -344,6 +416,8 @@ impl Report {
                 &c.writeback.rate_bytes_per_sec,
             );
             line("dirty_target_blocks", &c.writeback.target_blocks);
+            line("lost_blocks", &c.lost_blocks);
+            line("lost_ranges", &c.lost_ranges.len());
         }
         let opt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
         line("read_hit_pct", &opt(self.derived.read_hit_pct));
@@ -363,6 +437,12 @@ impl Report {
         line("wear_bytes_per_day", &opt(w.bytes_per_day));
         line("wear_endurance_tbw", &opt(w.endurance_tbw));
         line("wear_days_to_rated_tbw", &opt(w.days_to_rated_tbw));
+        if let Some(sc) = &self.scrub {
+            line("scrub_done", &sc.done);
+            line("scrub_checked_blocks", &sc.checked_blocks);
+            line("scrub_dropped_blocks", &sc.dropped_blocks);
+            line("scrub_lost_blocks", &sc.lost_blocks);
+        }
         if let Some(j) = &self.job {
             line("job", &j.what);
             line("job_done", &j.done);

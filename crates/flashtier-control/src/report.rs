@@ -2,8 +2,8 @@
 //!
 //! `flashtier stats --json`, the stats file's `.json`, the stats text file, the tables and the
 //! Prometheus output are all renderings of this one object, so they cannot disagree. Top-level
-//! keys (a contract with scripts and tests): `status`, `job`, `counters`, `derived`, `windows`,
-//! `window_secs`, `latency`, `wear`, `params`, `generated_unix_ms`.
+//! keys (a contract with scripts and tests): `status`, `job`, `scrub`, `counters`, `derived`,
+//! `windows`, `window_secs`, `latency`, `wear`, `params`, `generated_unix_ms`.
 //!
 //! Maps keep their order (engine counters in the engine's order, windows shortest first), so
 //! JSON read by a person and tables read the same way.
@@ -77,6 +77,9 @@ pub struct Report {
     pub status: StatusReport,
     /// The mode switch or flush in progress, or the last one (until the next starts).
     pub job: Option<JobReport>,
+    /// The scrub in progress, or the last one (until the next starts); null before any.
+    #[serde(default)]
+    pub scrub: Option<ScrubStatus>,
     /// Every counter since the server started or the last `reset-stats`.
     pub counters: Ordered<u64>,
     /// Figures computed from the counters and the status.
@@ -108,8 +111,9 @@ pub struct StatusReport {
     pub cache_state: String,
     /// The cache mode; null without a cache.
     pub mode: Option<String>,
-    /// `ok`; `degraded: <reason>` while the backing store fails (dirty data kept, write-back
-    /// retried); `failed: ...` once the cache device failed.
+    /// `failed: ...` once the cache device failed; else `degraded: <reasons>` while data is
+    /// lost (see `integrity`) or the backing store fails (dirty data kept, write-back retried),
+    /// both named when both hold; else `ok`.
     pub health: String,
     pub uptime_secs: u64,
     /// The cache's figures; absent without a cache.
@@ -138,6 +142,45 @@ pub struct CacheStatus {
     /// The background cleaner.
     #[serde(default)]
     pub writeback: WritebackReport,
+    /// Blocks whose newest data was lost (reads fail until they are written again or
+    /// `flashtier forget-lost`).
+    #[serde(default)]
+    pub lost_blocks: u64,
+    /// The lost blocks as `[first block, blocks]`, in address order.
+    #[serde(default)]
+    pub lost_ranges: Vec<[u64; 2]>,
+    /// Why the cache's data is not whole (lost blocks, records recovery could not place);
+    /// null while it is.
+    #[serde(default)]
+    pub integrity: Option<String>,
+    /// Why the backing store is failing; null while it works.
+    #[serde(default)]
+    pub backing_degraded: Option<String>,
+    /// What recovery found damaged, and repaired or reported, when the cache was opened.
+    #[serde(default)]
+    pub recovery: Vec<String>,
+}
+
+/// A scrub (`flashtier scrub`): every cached block read back and checked.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ScrubStatus {
+    pub done: bool,
+    /// Asked to stop (`flashtier scrub --cancel`, or a detach); once `done`, it checked only
+    /// part of the cache.
+    pub cancelled: bool,
+    /// Why it stopped early (a cache device read failed).
+    pub error: Option<String>,
+    pub segments_done: u64,
+    pub segments_total: u64,
+    pub checked_blocks: u64,
+    /// Clean blocks that failed their checksum: dropped from the cache (read from the backing
+    /// store from now on).
+    pub dropped_blocks: u64,
+    /// Dirty blocks that failed their checksum: lost.
+    pub lost_blocks: u64,
+    /// The rate limit; null: as fast as the device goes.
+    pub rate_bytes_per_sec: Option<u64>,
+    pub elapsed_secs: f64,
 }
 
 /// What the background cleaner is doing.

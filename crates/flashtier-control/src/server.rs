@@ -123,6 +123,17 @@ pub fn handle(c: &Controller, req: Request) -> Result<serde_json::Value, Control
         Request::Attach { cache, mode, force } => {
             json(&c.attach(cache.as_deref(), mode.as_deref(), force)?)
         }
+        Request::Scrub { rate } => {
+            c.start_scrub(rate)?;
+            serde_json::Value::Null
+        }
+        Request::ScrubCancel => {
+            c.cancel_scrub()?;
+            serde_json::Value::Null
+        }
+        Request::ForgetLost { offset, length } => {
+            serde_json::json!({ "forgotten": c.forget_lost(offset, length)? })
+        }
     })
 }
 
@@ -139,7 +150,7 @@ fn respond(c: &Controller, line: &str) -> Response {
             return Response::error(format!(
                 "bad request ({e}); expected one JSON object per line with \"op\" one of \
                  report, get, set, set_many, params, mode, flush, flush_cancel, reset_stats, \
-                 detach, attach"
+                 detach, attach, scrub, scrub_cancel, forget_lost"
             ))
         }
     };

@@ -67,7 +67,8 @@ fn integrity_reason(
             })
             .collect();
         why.push(format!(
-            "{} block(s) lost (their newest data failed its checksum; reads fail until rewritten              or `flashtier forget-lost`): blocks {}{}",
+            "{} block(s) lost (their newest data failed its checksum; reads fail until rewritten \
+             or `flashtier forget-lost`): blocks {}{}",
             lost.blocks(),
             first.join(", "),
             if lost.range_count() > 8 { ", ..." } else { "" }

@@ -3,8 +3,6 @@
 //! old store's dirty data; `--discard-dirty` drops it after a warning and a typed confirmation
 //! (or `--yes-discard-dirty-data`), as `detach --force` does.
 
-use std::io::{BufRead, IsTerminal, Write};
-
 use anyhow::Context;
 use flashtier_engine::{adopt, BackingIdentity};
 use flashtier_io::BlockDev;
@@ -45,7 +43,12 @@ pub fn adopt_new_backing(
              `flashtier flush` first."
         );
         if !opts.yes_discard_dirty_data {
-            confirm_discard()?;
+            crate::confirm::typed(
+                "discard",
+                "discard dirty data and use the new backing store",
+                "Pass --yes-discard-dirty-data to confirm, or write the data back to the old \
+                 backing store first (serve it with this cache, then `flashtier flush`)",
+            )?;
         }
     }
     adopt::adopt(dev, identity, opts.discard_dirty)
@@ -58,24 +61,5 @@ pub fn adopt_new_backing(
         "accepted a new backing store ({}); the cache starts empty",
         differences.join("; ")
     );
-    Ok(())
-}
-
-/// Asks for `discard` on the terminal; refuses without one.
-fn confirm_discard() -> anyhow::Result<()> {
-    if !std::io::stdin().is_terminal() {
-        anyhow::bail!(
-            "refusing to discard dirty data without confirmation: stdin is not a terminal. Pass \
-             --yes-discard-dirty-data to confirm, or write the data back to the old backing \
-             store first (serve it with this cache, then `flashtier flush`)"
-        );
-    }
-    eprint!("flashtier: type `discard` to discard the dirty data and use the new backing store: ");
-    std::io::stderr().flush()?;
-    let mut answer = String::new();
-    std::io::stdin().lock().read_line(&mut answer)?;
-    if answer.trim() != "discard" {
-        anyhow::bail!("not confirmed; nothing was changed");
-    }
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! `detach`, `attach`. Each talks to a running `flashtier serve` over its control socket
 //! (flashtier_control::Client).
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -25,7 +25,7 @@ pub struct ControlOpt {
 }
 
 impl ControlOpt {
-    fn connect(&self) -> anyhow::Result<Client> {
+    pub(crate) fn connect(&self) -> anyhow::Result<Client> {
         let path = self
             .control
             .clone()
@@ -347,7 +347,12 @@ pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
             );
         }
         if !args.yes_discard_dirty_data {
-            confirm_discard()?;
+            crate::confirm::typed(
+                "discard",
+                "discard dirty data and detach",
+                "Pass --yes-discard-dirty-data to confirm, or run `flashtier detach` without \
+                 --force, which writes the data back first",
+            )?;
         }
     }
     let dirty = client.detach(args.force)?;
@@ -371,25 +376,6 @@ pub fn detach(args: DetachArgs) -> anyhow::Result<()> {
             "detached: the backing store holds everything and is served directly \
              (`flashtier attach` brings an empty cache back)"
         );
-    }
-    Ok(())
-}
-
-/// Asks for `discard` on the terminal; refuses without one.
-fn confirm_discard() -> anyhow::Result<()> {
-    if !std::io::stdin().is_terminal() {
-        anyhow::bail!(
-            "refusing to discard dirty data without confirmation: stdin is not a terminal. Pass \
-             --yes-discard-dirty-data to confirm, or run `flashtier detach` without --force, \
-             which writes the data back first"
-        );
-    }
-    eprint!("flashtier: type `discard` to discard the dirty data and detach: ");
-    std::io::stderr().flush()?;
-    let mut answer = String::new();
-    std::io::stdin().lock().read_line(&mut answer)?;
-    if answer.trim() != "discard" {
-        anyhow::bail!("not confirmed; nothing was changed");
     }
     Ok(())
 }

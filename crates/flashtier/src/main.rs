@@ -3,9 +3,11 @@
 mod adopt;
 mod backing;
 mod config_cmd;
+mod confirm;
 mod ctl;
 mod demo;
 mod format;
+mod integrity_cmd;
 mod serve;
 mod shutdown;
 mod units;
@@ -21,8 +23,8 @@ use clap::{Parser, Subcommand};
 cloud volume, any NBD server) and exports the result over the NBD protocol, so the Linux kernel \
 client, qemu, libnbd's tools (nbdinfo, nbdcopy, nbdfuse) and fio can use it as an ordinary block \
 device.\n\nStart with `flashtier demo`, then `flashtier serve --help`. While a server runs, \
-`flashtier status`, `stats`, `get`, `set`, `mode`, `flush`, `reset-stats`, `detach` and `attach` \
-operate it through its control socket."
+`flashtier status`, `stats`, `get`, `set`, `mode`, `flush`, `reset-stats`, `detach`, `attach`, \
+`scrub` and `forget-lost` operate it through its control socket."
 )]
 struct Cli {
     /// Log filter for messages on stderr: error, warn, info, debug, trace, or per-module
@@ -73,6 +75,13 @@ enum Command {
     /// Put a cache back into a running server (the device `detach` released, or --cache PATH),
     /// formatted empty first: what it held is stale.
     Attach(ctl::AttachArgs),
+    /// Check every block a running server's cache holds against its checksum, in the
+    /// background and rate-limited: damaged clean blocks are dropped, damaged dirty blocks
+    /// reported lost.
+    Scrub(integrity_cmd::ScrubArgs),
+    /// Acknowledge lost blocks of a running server (all, or a byte range): reads of them stop
+    /// failing and return the backing store's older data. Asks for confirmation.
+    ForgetLost(integrity_cmd::ForgetLostArgs),
     /// Work with config files (`flashtier config check FILE`).
     Config(config_cmd::ConfigArgs),
 }
@@ -109,6 +118,8 @@ fn main() {
         Command::ResetStats(args) => ctl::reset_stats(args),
         Command::Detach(args) => ctl::detach(args),
         Command::Attach(args) => ctl::attach(args),
+        Command::Scrub(args) => integrity_cmd::scrub(args),
+        Command::ForgetLost(args) => integrity_cmd::forget_lost(args),
         Command::Config(args) => config_cmd::run(args),
     };
     if let Err(e) = result {
