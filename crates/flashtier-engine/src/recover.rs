@@ -303,6 +303,14 @@ struct Walk<'a> {
     steps: Vec<Step>,
     /// A note ended the log.
     ended: bool,
+    /// The own half of the header accepted last, while the walk knows it (not at its start,
+    /// nor after a gap): the next header carries a copy of it.
+    last_own: Option<Box<[u8; OWN_LEN]>>,
+    /// Segments the walk has been in. The log never goes back to one, and a header there that
+    /// happens to match (a record-less one, after a gap) must not send the walk round in
+    /// circles: with each segment entered once and the position in it only moving forward,
+    /// the walk ends whatever the device holds.
+    entered: Vec<bool>,
     block: AlignedBuf,
 }
 
@@ -311,7 +319,44 @@ struct Read {
     own: Result<BatchHeader, batch::BatchError>,
 }
 
-impl Walk<'_> {
+impl<'a> Walk<'a> {
+    /// A walk from a checkpoint: its free list, open segment, and next sequence number and
+    /// epoch; `scan_segments` when that checkpoint is not the newest.
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        dev: &'a dyn BlockDev,
+        geo: Geometry,
+        log: u64,
+        backing_blocks: u64,
+        free: VecDeque<u32>,
+        head: Option<Head>,
+        (expected, epoch): (u64, u64),
+        scan_segments: bool,
+    ) -> Walk<'a> {
+        let mut entered = vec![false; geo.segment_count as usize];
+        if let Some(h) = head {
+            entered[h.segment as usize] = true;
+        }
+        Walk {
+            dev,
+            geo,
+            log,
+            backing_blocks,
+            free,
+            head,
+            expected,
+            epoch,
+            durable: expected,
+            scan_segments,
+            found_by_scan: 0,
+            steps: Vec::new(),
+            ended: false,
+            last_own: None,
+            entered,
+            block: AlignedBuf::zeroed(geo.block_size as usize),
+        }
+    }
+
     fn bps(&self) -> u32 {
         self.geo.blocks_per_segment()
     }
@@ -351,6 +396,21 @@ impl Walk<'_> {
             }
     }
 
+    /// Whether `h`, the header just read (in `self.block`), may follow the header accepted last.
+    /// A header that carries no records (an empty batch, a seal, a note) does not advance the
+    /// sequence, so a copy of one duplicated from earlier in the log by a media fault has the
+    /// sequence number expected next, and would end the log early or hide the batch it
+    /// overwrote. Its copy of the previous header tells: refused if that copy is intact and not
+    /// the header accepted last (a damaged copy proves nothing either way).
+    fn follows_last(&self, h: &BatchHeader) -> bool {
+        let Some(last) = &self.last_own else {
+            return true;
+        };
+        h.seq_end() != h.seq_first
+            || BatchHeader::decode_prev(&self.block).is_err()
+            || self.block[OWN_LEN..2 * OWN_LEN] == last[..]
+    }
+
     /// Records must stay within the backing store and the cache.
     fn entries_sane(&self, h: &BatchHeader) -> bool {
         h.entries.iter().all(|e| {
@@ -374,12 +434,21 @@ impl Walk<'_> {
     /// Moves the walk to the next segment of the log: the next free one in checkpoint order,
     /// or, replaying from an older checkpoint, whichever segment starts with the continuation.
     fn next_segment(&mut self) -> bool {
-        if let Some(seg) = self.free.front().copied() {
+        if let Some(seg) = self
+            .free
+            .front()
+            .copied()
+            .filter(|&s| !self.entered[s as usize])
+        {
             let (r, _) = self.read(seg, 0);
-            let goes_on = r.own.as_ref().is_ok_and(|h| self.continues(h, 0));
+            let goes_on = r
+                .own
+                .as_ref()
+                .is_ok_and(|h| self.continues(h, 0) && self.follows_last(h));
             if goes_on || !self.scan_segments {
                 self.free.pop_front();
                 self.steps.push(Step::Open(seg));
+                self.entered[seg as usize] = true;
                 self.head = Some(Head {
                     segment: seg,
                     used: 0,
@@ -390,10 +459,16 @@ impl Walk<'_> {
         if !self.scan_segments {
             return false;
         }
-        let found = (0..self.geo.segment_count)
+        let candidates: Vec<u32> = (0..self.geo.segment_count)
+            .filter(|&seg| !self.entered[seg as usize])
+            .collect();
+        let found = candidates
+            .into_iter()
             .find(|&seg| {
                 let (r, _) = self.read(seg, 0);
-                r.own.as_ref().is_ok_and(|h| self.continues(h, 0))
+                r.own
+                    .as_ref()
+                    .is_ok_and(|h| self.continues(h, 0) && self.follows_last(h))
             })
             .or_else(|| self.segment_with_damaged_first_header());
         let Some(seg) = found else { return false };
@@ -405,6 +480,7 @@ impl Walk<'_> {
         self.free.retain(|&s| s != seg);
         self.found_by_scan += 1;
         self.steps.push(Step::Open(seg));
+        self.entered[seg as usize] = true;
         self.head = Some(Head {
             segment: seg,
             used: 0,
@@ -422,6 +498,7 @@ impl Walk<'_> {
         let order: Vec<u32> = front
             .into_iter()
             .chain((0..self.geo.segment_count).filter(|&s| Some(s) != front))
+            .filter(|&s| !self.entered[s as usize])
             .collect();
         order.into_iter().find(|&seg| {
             let (r, _) = self.read(seg, 0);
@@ -545,7 +622,7 @@ impl Walk<'_> {
             };
             let (r, own) = self.read(seg, at);
             match r.own {
-                Ok(h) if self.continues(&h, at) => {
+                Ok(h) if self.continues(&h, at) && self.follows_last(&h) => {
                     self.accept(&h);
                     self.push_header(at, h, own, false);
                     if self.ended {
@@ -573,6 +650,7 @@ impl Walk<'_> {
                             });
                             self.set_used(to);
                             self.expected = h.seq_first;
+                            self.last_own = None;
                         }
                     }
                 }
@@ -588,6 +666,7 @@ impl Walk<'_> {
         own: Box<[u8; OWN_LEN]>,
         from_copy: bool,
     ) {
+        self.last_own = Some(own.clone());
         match header.kind {
             HeaderKind::Note => self.ended = true,
             HeaderKind::Seal => {
@@ -624,27 +703,21 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
     let mut state = state_from_checkpoint(&geo, &ckpt)?;
     let bs = geo.block_size as usize;
 
-    let mut walk = Walk {
+    let mut walk = Walk::new(
         dev,
         geo,
-        log: batch::log_id(&sb.uuid),
-        backing_blocks: sb.backing.size / geo.block_size as u64,
-        free: ckpt.free.iter().copied().collect(),
-        head: ckpt.open.map(|h| Head {
+        batch::log_id(&sb.uuid),
+        sb.backing.size / geo.block_size as u64,
+        ckpt.free.iter().copied().collect(),
+        ckpt.open.map(|h| Head {
             segment: h.segment,
             used: h.used,
         }),
-        expected: ckpt.next_seq,
-        epoch: ckpt.epoch,
-        durable: ckpt.next_seq,
-        scan_segments: damage
+        (ckpt.next_seq, ckpt.epoch),
+        damage
             .iter()
             .any(|d| matches!(d, Damage::Checkpoint { .. })),
-        found_by_scan: 0,
-        steps: Vec::new(),
-        ended: false,
-        block: AlignedBuf::zeroed(bs),
-    };
+    );
     walk.run();
     let durable = walk.durable;
     let segments_found_by_scan = walk.found_by_scan;
@@ -904,4 +977,108 @@ fn state_from_checkpoint(geo: &Geometry, c: &Checkpoint) -> Result<State, Engine
     state.crcs = crcs;
     state.lost = LostSet::from_ranges(&c.lost);
     Ok(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    use flashtier_io::MemDev;
+
+    use super::*;
+    use crate::layout::superblock::BackingIdentity;
+    use crate::FormatOptions;
+
+    /// A device strewn with valid headers of this log in every shape (record-less ones with
+    /// the numbers expected around a gap, seals, notes, copies of each other at other places):
+    /// the walk ends, whatever it finds, from any checkpoint position. Before: a gap whose
+    /// successor had the number of a record-less header at the start of a segment already
+    /// walked sent the walk round that segment forever (found by the corruption campaign).
+    #[test]
+    fn the_walk_ends_whatever_the_device_holds() {
+        let dev = MemDev::new(1 << 20);
+        let ident = BackingIdentity {
+            size: 8 << 20,
+            name: "test-backing".into(),
+            fingerprint: Vec::new(),
+        };
+        let opts = FormatOptions {
+            segment_size: 64 << 10,
+            ..Default::default()
+        };
+        let sb = crate::format(&dev, ident, opts).unwrap();
+        let geo = sb.geometry;
+        let log = batch::log_id(&sb.uuid);
+        let bs = geo.block_size as u64;
+        let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        for round in 0..300 {
+            // Headers numbered around 20, each carrying a copy of another (or of nothing).
+            let mut owns: Vec<[u8; OWN_LEN]> = vec![[0; OWN_LEN]];
+            let mut block = vec![0u8; bs as usize];
+            for _ in 0..(geo.slot_count() as u64 / 2) {
+                let seq_first = 18 + next(6);
+                let kind = match next(4) {
+                    0 => HeaderKind::Seal,
+                    1 => HeaderKind::Note,
+                    _ => HeaderKind::Batch,
+                };
+                let entries = if kind == HeaderKind::Batch && next(2) == 0 {
+                    vec![batch::Entry {
+                        kind: Kind::Invalidate,
+                        dirty: false,
+                        lba: next(16),
+                        nblocks: 1,
+                        aux: 0,
+                        volume: 0,
+                        data_crc: 0,
+                    }]
+                } else {
+                    Vec::new()
+                };
+                let h = BatchHeader {
+                    seq_first,
+                    epoch: 1,
+                    kind,
+                    durable: seq_first,
+                    log,
+                    entries,
+                };
+                let prev = owns[next(owns.len() as u64) as usize];
+                h.encode(&prev, &mut block);
+                let mut own = [0u8; OWN_LEN];
+                own.copy_from_slice(&block[..OWN_LEN]);
+                owns.push(own);
+                let slot = next(geo.slot_count() as u64) as u32;
+                dev.write_at(&block, geo.slot_offset(slot), false).unwrap();
+            }
+            let segments = geo.segment_count as u64;
+            let mut free: VecDeque<u32> = (0..segments as u32).collect();
+            free.rotate_left(next(segments) as usize);
+            free.truncate(1 + next(segments) as usize);
+            let head = (next(2) == 0).then(|| Head {
+                segment: free.pop_back().unwrap_or(0),
+                used: next(geo.blocks_per_segment() as u64) as u32,
+            });
+            let scan = next(2) == 0;
+            let expected = 18 + next(6);
+            let image = dev.snapshot();
+            let (tx, rx) = mpsc::channel();
+            std::thread::spawn(move || {
+                let dev = MemDev::new(image.len() as _);
+                dev.write_at(&image, 0, false).unwrap();
+                let mut walk = Walk::new(&dev, geo, log, 2048, free, head, (expected, 1), scan);
+                walk.run();
+                let _ = tx.send(walk.steps.len());
+            });
+            rx.recv_timeout(Duration::from_secs(20))
+                .unwrap_or_else(|_| panic!("round {round}: the walk did not end"));
+        }
+    }
 }

@@ -932,3 +932,68 @@ fn damaged_headers_on_both_sides_of_a_segment_boundary_lose_only_their_records()
     }
     c.close().unwrap();
 }
+
+/// A batch of no records (here the one vouching for a sync) duplicated by a media fault over
+/// the header right after it: the copy has the sequence number expected next, but not the right
+/// predecessor, so it is not taken for the continuation, and the overwritten batch is replayed
+/// from the copy the following header carries. Before: the duplicate was accepted, and the
+/// batch it overwrote became records with unknown blocks, or the end of the log (found by the
+/// corruption campaign).
+#[test]
+fn a_duplicated_header_of_no_records_does_not_hide_the_batch_it_overwrote() {
+    use flashtier_io::ZeroOpts;
+    let (cdev, bdev) = formatted();
+    let c = open_default(&cdev, &bdev);
+    c.write_at(&block(5), 5 * BS, false).unwrap();
+    c.flush().unwrap();
+    let opts = ZeroOpts {
+        fua: true,
+        ..Default::default()
+    };
+    // Its INVALIDATE is synced and vouched for by a batch of no records.
+    flashtier_io::BlockDev::write_zeroes(&c, 5 * BS, BS, opts).unwrap();
+    for i in 6..9 {
+        c.write_at(&block(i), i * BS, false).unwrap();
+        c.flush().unwrap();
+    }
+    drop(c);
+    let g = read_superblock(&*cdev).unwrap().geometry;
+    let image = cdev.snapshot();
+    let headers: Vec<(u64, BatchHeader)> = (0..g.slot_count())
+        .map(|s| g.slot_offset(s))
+        .filter_map(|at| {
+            let h = BatchHeader::decode(&image[at as usize..(at + BS) as usize]).ok()?;
+            Some((at, h))
+        })
+        .collect();
+    let (empty_at, empty) = headers
+        .iter()
+        .find(|(_, h)| h.entries.is_empty() && h.seq_first > 0)
+        .expect("a batch of no records");
+    let (next_at, _) = headers
+        .iter()
+        .find(|(_, h)| h.seq_first == empty.seq_first && !h.entries.is_empty())
+        .expect("the batch after it");
+    assert_eq!(*next_at, empty_at + BS, "the batch follows right after");
+    let mut dup = vec![0u8; BS as usize];
+    cdev.read_at(&mut dup, *empty_at).unwrap();
+    cdev.write_at(&dup, *next_at, false).unwrap();
+    let c = open_default(&cdev, &bdev);
+    assert!(
+        !c.report()
+            .damage
+            .iter()
+            .any(|d| matches!(d, Damage::Unknown { .. })),
+        "{:?}",
+        c.report().damage
+    );
+    assert!(read_block(&c, 5).unwrap() == vec![0u8; BS as usize]);
+    for i in 6..9 {
+        assert!(
+            read_block(&c, i).unwrap() == block(i),
+            "block {i} (report {:?})",
+            c.report().damage
+        );
+    }
+    c.close().unwrap();
+}
