@@ -683,48 +683,16 @@ fn blocks_a_failed_sync_lost_are_found_before_the_log_goes_on() {
 /// seen in part).
 #[test]
 fn damage_to_a_batch_the_backing_store_relied_on_is_not_a_torn_tail() {
-    use flashtier_io::ZeroOpts;
     let (cdev, bdev) = formatted();
     let c = open_default(&cdev, &bdev);
     c.write_at(&block(5), 5 * BS, false).unwrap();
     c.flush().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(50)); // a note vouches for it
-    let opts = ZeroOpts {
-        fua: true,
-        ..Default::default()
-    };
-    flashtier_io::BlockDev::write_zeroes(&c, 5 * BS, BS, opts).unwrap();
+    zero_fua(&c, 5);
     drop(c); // crash at once: no idle note
-             // The newest batch holding an INVALIDATE of block 5.
-    let g = read_superblock(&*cdev).unwrap().geometry;
-    let image = cdev.snapshot();
-    let header = (0..g.slot_count())
-        .map(|s| g.slot_offset(s))
-        .filter_map(|at| {
-            let h = BatchHeader::decode(&image[at as usize..(at + BS) as usize]).ok()?;
-            h.entries
-                .iter()
-                .any(|e| e.kind == Kind::Invalidate && e.lba <= 5 && 5 < e.lba + e.nblocks as u64)
-                .then_some((h.seq_first, at))
-        })
-        .max()
-        .expect("an INVALIDATE record")
-        .1;
+    let (header, _) = newest_invalidate(&cdev, 5);
     flip(&cdev, header + 60);
-    let c = open_default(&cdev, &bdev);
-    assert!(
-        c.report()
-            .damage
-            .iter()
-            .any(|d| matches!(d, Damage::Header { .. })),
-        "the damaged header was taken for a torn tail: {:?}",
-        c.report()
-    );
-    assert!(
-        read_block(&c, 5).unwrap() == vec![0u8; BS as usize],
-        "block 5 reads its data from before the write-zeroes"
-    );
-    c.close().unwrap();
+    the_zeroes_of_block_5_survive_their_damaged_header(open_default(&cdev, &bdev));
 }
 
 /// A flipped byte in the version field of one superblock copy is damage to that copy, not a
@@ -753,35 +721,66 @@ fn a_damaged_version_field_is_a_damaged_copy() {
 /// The header at `at` of the newest batch whose `Invalidate` covers `lba`, and that batch's
 /// header.
 fn newest_invalidate(dev: &MemDev, lba: u64) -> (u64, BatchHeader) {
+    headers(dev)
+        .into_iter()
+        .filter(|(_, h)| {
+            h.entries.iter().any(|e| {
+                e.kind == Kind::Invalidate && e.lba <= lba && lba < e.lba + e.nblocks as u64
+            })
+        })
+        .max_by_key(|(_, h)| h.seq_first)
+        .expect("an INVALIDATE record")
+}
+
+/// The header block of the batch starting at record `seq`.
+fn header_of(dev: &MemDev, seq: u64) -> u64 {
+    headers(dev)
+        .into_iter()
+        .find(|(_, h)| h.seq_first == seq)
+        .expect("no header starts at that record")
+        .0
+}
+
+/// Every block on the cache device that decodes as a header, with its offset.
+fn headers(dev: &MemDev) -> Vec<(u64, BatchHeader)> {
     let g = read_superblock(dev).unwrap().geometry;
     let image = dev.snapshot();
     (0..g.slot_count())
         .map(|s| g.slot_offset(s))
         .filter_map(|at| {
             let h = BatchHeader::decode(&image[at as usize..(at + BS) as usize]).ok()?;
-            h.entries
-                .iter()
-                .any(|e| {
-                    e.kind == Kind::Invalidate && e.lba <= lba && lba < e.lba + e.nblocks as u64
-                })
-                .then_some((h.seq_first, at, h))
+            Some((at, h))
         })
-        .max_by_key(|(seq, _, _)| *seq)
-        .map(|(_, at, h)| (at, h))
-        .expect("an INVALIDATE record")
+        .collect()
 }
 
-/// The header block of the batch starting at record `seq`.
-fn header_of(dev: &MemDev, seq: u64) -> u64 {
-    let g = read_superblock(dev).unwrap().geometry;
-    let image = dev.snapshot();
-    (0..g.slot_count())
-        .map(|s| g.slot_offset(s))
-        .find(|&at| {
-            BatchHeader::decode(&image[at as usize..(at + BS) as usize])
-                .is_ok_and(|h| h.seq_first == seq)
-        })
-        .expect("no header starts at that record")
+/// The batch holding the INVALIDATE of a write-zeroes of block 5 (with FUA) was damaged: it
+/// is reported as damage, not taken for a torn tail, and block 5 reads zeros, not its older
+/// cached data.
+fn the_zeroes_of_block_5_survive_their_damaged_header(c: Cache) {
+    assert!(
+        c.report()
+            .damage
+            .iter()
+            .any(|d| matches!(d, Damage::Header { .. })),
+        "the damaged header was taken for a torn tail: {:?}",
+        c.report()
+    );
+    assert!(
+        read_block(&c, 5).unwrap() == vec![0u8; BS as usize],
+        "block 5 reads its data from before the write-zeroes"
+    );
+    c.close().unwrap();
+}
+
+/// A write-zeroes of block `lba` with FUA: the backing store holds it at once, and relies on
+/// the log's INVALIDATE of the cached copy.
+fn zero_fua(c: &Cache, lba: u64) {
+    let opts = flashtier_io::ZeroOpts {
+        fua: true,
+        ..Default::default()
+    };
+    flashtier_io::BlockDev::write_zeroes(c, lba * BS, BS, opts).unwrap();
 }
 
 /// A header and its copy both damaged, where a media fault also left a copy of a header from
@@ -822,19 +821,14 @@ fn a_duplicated_header_does_not_make_replay_skip_intact_records() {
 /// straight on the backing store was served (found by the corruption campaign).
 #[test]
 fn records_lost_with_their_headers_leave_no_stale_clean_block() {
-    use flashtier_io::ZeroOpts;
     let (cdev, bdev) = formatted();
     let c = open_default(&cdev, &bdev);
     c.write_at(&block(5), 5 * BS, false).unwrap();
     c.write_back_all().unwrap();
     c.flush().unwrap();
     assert!(read_block(&c, 5).unwrap() == block(5));
-    let opts = ZeroOpts {
-        fua: true,
-        ..Default::default()
-    };
     // Zeroes block 5 on the backing store and drops the cached (clean) copy.
-    flashtier_io::BlockDev::write_zeroes(&c, 5 * BS, BS, opts).unwrap();
+    zero_fua(&c, 5);
     for i in 10..20 {
         c.write_at(&block(i), i * BS, false).unwrap();
         c.flush().unwrap();
@@ -866,16 +860,11 @@ fn records_lost_with_their_headers_leave_no_stale_clean_block() {
 /// an INVALIDATE the backing store relied on (found by the corruption campaign).
 #[test]
 fn vouching_survives_the_next_batch_being_torn() {
-    use flashtier_io::ZeroOpts;
     let (cdev, bdev) = formatted();
     let c = open_default(&cdev, &bdev);
     c.write_at(&block(5), 5 * BS, false).unwrap();
     c.flush().unwrap();
-    let opts = ZeroOpts {
-        fua: true,
-        ..Default::default()
-    };
-    flashtier_io::BlockDev::write_zeroes(&c, 5 * BS, BS, opts).unwrap();
+    zero_fua(&c, 5);
     // Not synced: a crash may tear it.
     c.write_at(&block(6), 6 * BS, false).unwrap();
     drop(c);
@@ -883,20 +872,7 @@ fn vouching_survives_the_next_batch_being_torn() {
     let (torn, _) = find_record(&cdev, 6);
     cdev.write_at(&vec![0u8; BS as usize], torn, false).unwrap();
     flip(&cdev, inv + 60);
-    let c = open_default(&cdev, &bdev);
-    assert!(
-        c.report()
-            .damage
-            .iter()
-            .any(|d| matches!(d, Damage::Header { .. })),
-        "the damaged header was taken for a torn tail: {:?}",
-        c.report()
-    );
-    assert!(
-        read_block(&c, 5).unwrap() == vec![0u8; BS as usize],
-        "block 5 reads its data from before the write-zeroes"
-    );
-    c.close().unwrap();
+    the_zeroes_of_block_5_survive_their_damaged_header(open_default(&cdev, &bdev));
 }
 
 /// The last header of a segment and the first header of the next one, both damaged: replay
@@ -941,31 +917,18 @@ fn damaged_headers_on_both_sides_of_a_segment_boundary_lose_only_their_records()
 /// corruption campaign).
 #[test]
 fn a_duplicated_header_of_no_records_does_not_hide_the_batch_it_overwrote() {
-    use flashtier_io::ZeroOpts;
     let (cdev, bdev) = formatted();
     let c = open_default(&cdev, &bdev);
     c.write_at(&block(5), 5 * BS, false).unwrap();
     c.flush().unwrap();
-    let opts = ZeroOpts {
-        fua: true,
-        ..Default::default()
-    };
     // Its INVALIDATE is synced and vouched for by a batch of no records.
-    flashtier_io::BlockDev::write_zeroes(&c, 5 * BS, BS, opts).unwrap();
+    zero_fua(&c, 5);
     for i in 6..9 {
         c.write_at(&block(i), i * BS, false).unwrap();
         c.flush().unwrap();
     }
     drop(c);
-    let g = read_superblock(&*cdev).unwrap().geometry;
-    let image = cdev.snapshot();
-    let headers: Vec<(u64, BatchHeader)> = (0..g.slot_count())
-        .map(|s| g.slot_offset(s))
-        .filter_map(|at| {
-            let h = BatchHeader::decode(&image[at as usize..(at + BS) as usize]).ok()?;
-            Some((at, h))
-        })
-        .collect();
+    let headers = headers(&cdev);
     let (empty_at, empty) = headers
         .iter()
         .find(|(_, h)| h.entries.is_empty() && h.seq_first > 0)
