@@ -12,6 +12,7 @@ mod disk_safety;
 mod files;
 mod harness;
 mod hostile;
+mod integrity;
 mod mariadb;
 mod protocol;
 mod tls;
