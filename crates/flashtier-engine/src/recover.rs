@@ -570,13 +570,12 @@ impl<'a> Walk<'a> {
                     continue;
                 }
                 if let Ok(prev) = BatchHeader::decode_prev(block) {
-                    let in_place = if s == seg {
-                        prev.kind == HeaderKind::Batch && at + 1 + prev.data_blocks() == p
-                    } else {
-                        p == 0
-                            && (prev.kind == HeaderKind::Seal
-                                || (prev.kind == HeaderKind::Batch
-                                    && at + 1 + prev.data_blocks() == self.bps()))
+                    let in_place = match copy_place(seg, at, s, p, &prev, self.bps()) {
+                        CopyPlace::Damaged => true,
+                        // The damaged header carried no records, so the one the copy describes
+                        // (numbered as expected) comes after it.
+                        CopyPlace::After => prev.kind == HeaderKind::Batch,
+                        CopyPlace::Elsewhere => false,
                     };
                     if prev.seq_first == self.expected
                         && prev.log == self.log
@@ -636,6 +635,28 @@ impl<'a> Walk<'a> {
                     };
                     match copy {
                         Some((prev, own)) => {
+                            let place = copy_place(seg, at, s, p, &prev, self.bps());
+                            if place == CopyPlace::After {
+                                // The damaged header carried no records (an empty batch, a
+                                // seal): nothing lost up to the one the copy describes.
+                                let to = if s == seg { at + 1 } else { self.bps() };
+                                self.steps.push(Step::Gap {
+                                    seq_first: self.expected,
+                                    seq_end: self.expected,
+                                    to,
+                                });
+                                self.set_used(to);
+                                self.last_own = None;
+                                if s != seg {
+                                    // Read again as the next segment's damaged first header.
+                                    continue;
+                                }
+                            }
+                            let at = if place == CopyPlace::After {
+                                at + 1
+                            } else {
+                                at
+                            };
                             self.accept(&prev);
                             self.push_header(at, prev, own, true);
                         }
@@ -692,6 +713,37 @@ impl<'a> Walk<'a> {
         if let Some(h) = self.head.as_mut() {
             h.used = used;
         }
+    }
+}
+
+/// Where the header a copy describes lies, for a damaged header at block `at` of `seg` and the
+/// copy carried by the header at block `p` of `s` (the same segment or the next).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CopyPlace {
+    /// At the damaged block: the copy is of the damaged header.
+    Damaged,
+    /// Right after the damaged block (the damaged header was an empty batch), or first in the
+    /// next segment (it was a seal): the damaged header carried no records.
+    After,
+    /// Anywhere else: not the continuation.
+    Elsewhere,
+}
+
+fn copy_place(seg: u32, at: u32, s: u32, p: u32, copy: &BatchHeader, bps: u32) -> CopyPlace {
+    let n = copy.data_blocks();
+    let batch = copy.kind == HeaderKind::Batch;
+    if s == seg {
+        match p.checked_sub(1 + n) {
+            Some(q) if batch && q == at => CopyPlace::Damaged,
+            Some(q) if batch && q == at + 1 => CopyPlace::After,
+            _ => CopyPlace::Elsewhere,
+        }
+    } else if p == 0 && (copy.kind == HeaderKind::Seal || (batch && at + 1 + n == bps)) {
+        CopyPlace::Damaged
+    } else if batch && p == 1 + n {
+        CopyPlace::After
+    } else {
+        CopyPlace::Elsewhere
     }
 }
 
