@@ -492,7 +492,8 @@ impl<'a> Walk<'a> {
     /// continuation's first header may be the damaged one. The segment whose first block is not
     /// a header of this log, but which holds the header carrying a copy of the one expected, is
     /// where the log went on. Reads whole segments, but only after two faults (a damaged
-    /// checkpoint and a damaged header).
+    /// checkpoint and a damaged header). The next free segment is read whatever its first block
+    /// holds: a fault may have duplicated another header of this log there.
     fn segment_with_damaged_first_header(&mut self) -> Option<u32> {
         let front = self.free.front().copied();
         let order: Vec<u32> = front
@@ -502,7 +503,7 @@ impl<'a> Walk<'a> {
             .collect();
         order.into_iter().find(|&seg| {
             let (r, _) = self.read(seg, 0);
-            !r.own.as_ref().is_ok_and(|h| h.log == self.log)
+            (Some(seg) == front || !r.own.as_ref().is_ok_and(|h| h.log == self.log))
                 && matches!(self.successor(seg, 0, false), Some((s, _, Some(_))) if s == seg)
         })
     }

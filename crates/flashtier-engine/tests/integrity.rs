@@ -1041,3 +1041,49 @@ fn a_damaged_seal_and_the_header_after_it_lose_nothing() {
     }
     c.close().unwrap();
 }
+
+/// Replaying from the older checkpoint (the newest damaged), with the first header of the
+/// segment the log went on in replaced by a copy of another header of the log: the log goes on
+/// there, from the copy the second header carries. Before: a segment whose first block held a
+/// header of this log was never taken for the one with a damaged first header, and every
+/// flushed write in it was gone (found by the corruption campaign).
+#[test]
+fn a_header_duplicated_over_the_next_segments_first_is_not_the_end_of_the_log() {
+    let n = 700; // 2 blocks a write: the log crosses into a second 4 MiB segment
+    let (cdev, bdev) = flushed_writes_then_crash(n);
+    let g = read_superblock(&*cdev).unwrap().geometry;
+    let image = cdev.snapshot();
+    let number = |slot: u32| {
+        let at = g.checkpoint_slot_offset(slot) as usize;
+        u64::from_le_bytes(image[at + 16..at + 24].try_into().unwrap())
+    };
+    let newest = if number(0) > number(1) { 0 } else { 1 };
+    flip(&cdev, g.checkpoint_slot_offset(newest) + 4096 + 40);
+    let first = |seg: u32| g.slot_offset(g.first_slot(seg));
+    let segment_of = |at: u64| (0..g.segment_count).rfind(|&s| first(s) <= at).unwrap();
+    // The segments the log started in and went on in: where blocks 0 and n - 1 were written.
+    let (began, went_on) = (
+        segment_of(find_record(&cdev, 0).0),
+        segment_of(find_record(&cdev, n - 1).0),
+    );
+    assert_ne!(began, went_on);
+    let mut dup = vec![0u8; BS as usize];
+    cdev.read_at(&mut dup, first(began)).unwrap();
+    cdev.write_at(&dup, first(went_on), false).unwrap();
+    let c = open_default(&cdev, &bdev);
+    let damage = c.report().damage.clone();
+    assert!(
+        damage
+            .iter()
+            .any(|d| matches!(d, Damage::Checkpoint { .. }))
+            && !damage.iter().any(Damage::loses_data),
+        "{damage:?}"
+    );
+    for i in 0..n {
+        assert!(
+            read_block(&c, i).unwrap() == block(i),
+            "block {i} ({damage:?})"
+        );
+    }
+    c.close().unwrap();
+}
