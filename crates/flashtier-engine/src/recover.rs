@@ -783,6 +783,11 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
     let mut replayed_records = 0;
     let mut replayed_blocks = 0u64;
     let mut truncate_batch = None;
+    // Records were lost with their headers, and the walk jumped to the nearest later header.
+    // If no accepted header vouches for that one (it is at or past `durable`), it may lie
+    // beyond the torn tail (a seal or batch in between lost in the crash): it ends the log,
+    // as the tail would have without the damage.
+    let mut landing_after_unknown = false;
     let mut last_header = Box::new([0u8; OWN_LEN]);
     'steps: for step in walk.steps {
         match step {
@@ -818,6 +823,7 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
                 if seq_end > seq_first {
                     tracing::error!(seq_first, seq_end, "log records lost with their headers");
                     damage.push(Damage::Unknown { seq_first, seq_end });
+                    landing_after_unknown = true;
                     // The lost records may have invalidated cached clean copies (a write that
                     // went straight to the backing store, a trim): keeping any clean block
                     // could serve data older than the backing store's. They cost only a re-read.
@@ -837,6 +843,9 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
                 own,
                 from_copy,
             } => {
+                if std::mem::take(&mut landing_after_unknown) && header.seq_first >= durable {
+                    break;
+                }
                 if from_copy {
                     if header.seq_first >= durable {
                         break;

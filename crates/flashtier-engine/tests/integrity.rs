@@ -1087,3 +1087,53 @@ fn a_header_duplicated_over_the_next_segments_first_is_not_the_end_of_the_log() 
     }
     c.close().unwrap();
 }
+
+/// A seal lost in the crash (never synced) ends the log where it was; when the header before
+/// it is damaged too, records are lost with it, and recovery must not go further than it
+/// would have without the damage: the write after the seal was never synced, and after the
+/// gap nothing at or past the synced point is known to follow the history. Before: the
+/// damaged recovery replayed that write, the undamaged one did not (found by the corruption
+/// campaign).
+#[test]
+fn after_records_lost_with_their_headers_nothing_unsynced_is_replayed() {
+    let replay = |damage_the_last_synced_header: bool| {
+        let (cdev, bdev) = formatted();
+        let c = open_default(&cdev, &bdev);
+        let g = read_superblock(&*cdev).unwrap().geometry;
+        // One-block writes, each flushed, to two blocks before the end of the first segment:
+        // the two-block write after them does not fit, so a seal goes first.
+        let n = (g.blocks_per_segment() as u64 - 2) / 2;
+        for i in 0..n {
+            c.write_at(&block(i), i * BS, false).unwrap();
+            c.flush().unwrap();
+        }
+        let late: Vec<u8> = (600..602).flat_map(block).collect();
+        c.write_at(&late, 600 * BS, false).unwrap();
+        drop(c); // crash: the last write and the seal before it were never synced
+        let all = headers(&cdev);
+        let (seal, _) = all.iter().find(|(_, h)| h.is_seal()).expect("a seal");
+        cdev.write_at(&vec![0u8; BS as usize], *seal, false)
+            .unwrap();
+        if damage_the_last_synced_header {
+            flip(&cdev, find_record(&cdev, n - 1).0 + 60);
+        }
+        let c = open_default(&cdev, &bdev);
+        let got = (read_block(&c, 600).unwrap(), read_block(&c, n - 2).unwrap());
+        let damage = c.report().damage.clone();
+        c.close().unwrap();
+        (got, damage)
+    };
+    let ((late, kept), damage) = replay(false);
+    assert!(late == vec![0u8; BS as usize], "{damage:?}");
+    assert!(kept != vec![0u8; BS as usize]);
+    let ((late, kept), damage) = replay(true);
+    assert!(
+        damage.iter().any(|d| matches!(d, Damage::Unknown { .. })),
+        "{damage:?}"
+    );
+    assert!(
+        late == vec![0u8; BS as usize],
+        "the unsynced write after the gap was replayed ({damage:?})"
+    );
+    assert!(kept != vec![0u8; BS as usize], "{damage:?}");
+}
