@@ -97,6 +97,11 @@ fn flip(dev: &MemDev, offset: u64) {
     dev.write_at(&b, offset, false).unwrap();
 }
 
+/// Whether recovery reported damage that `what` matches.
+fn reported(c: &Cache, what: impl Fn(&Damage) -> bool) -> bool {
+    c.report().damage.iter().any(what)
+}
+
 fn read_block(c: &Cache, i: u64) -> std::io::Result<Vec<u8>> {
     let mut out = vec![0u8; BS as usize];
     c.read_at(&mut out, i * BS).map(|()| out)
@@ -167,10 +172,7 @@ fn a_damaged_header_is_read_from_its_copy() {
     flip(&cdev, header + 60);
     let c = open_default(&cdev, &bdev);
     assert!(
-        c.report()
-            .damage
-            .iter()
-            .any(|d| matches!(d, Damage::Header { .. })),
+        reported(&c, |d| matches!(d, Damage::Header { .. })),
         "{:?}",
         c.report().damage
     );
@@ -193,10 +195,7 @@ fn a_header_and_its_copy_both_damaged_are_reported_and_the_rest_replayed() {
     let c = open_default(&cdev, &bdev);
     let st = c.status();
     assert!(
-        c.report()
-            .damage
-            .iter()
-            .any(|d| matches!(d, Damage::Unknown { .. })),
+        reported(&c, |d| matches!(d, Damage::Unknown { .. })),
         "{:?}",
         c.report().damage
     );
@@ -759,10 +758,7 @@ fn headers(dev: &MemDev) -> Vec<(u64, BatchHeader)> {
 /// cached data.
 fn the_zeroes_of_block_5_survive_their_damaged_header(c: Cache) {
     assert!(
-        c.report()
-            .damage
-            .iter()
-            .any(|d| matches!(d, Damage::Header { .. })),
+        reported(&c, |d| matches!(d, Damage::Header { .. })),
         "the damaged header was taken for a torn tail: {:?}",
         c.report()
     );
@@ -799,10 +795,7 @@ fn a_duplicated_header_does_not_make_replay_skip_intact_records() {
     cdev.write_at(&dup, h21, false).unwrap();
     let c = open_default(&cdev, &bdev);
     assert!(
-        c.report()
-            .damage
-            .iter()
-            .any(|d| matches!(d, Damage::Unknown { .. })),
+        reported(&c, |d| matches!(d, Damage::Unknown { .. })),
         "{:?}",
         c.report().damage
     );
@@ -840,10 +833,7 @@ fn records_lost_with_their_headers_leave_no_stale_clean_block() {
     flip(&cdev, next + 2048 + 60);
     let c = open_default(&cdev, &bdev);
     assert!(
-        c.report()
-            .damage
-            .iter()
-            .any(|d| matches!(d, Damage::Unknown { .. })),
+        reported(&c, |d| matches!(d, Damage::Unknown { .. })),
         "{:?}",
         c.report().damage
     );
@@ -964,10 +954,7 @@ fn vouched_zeroes_then_writes() -> (Arc<MemDev>, Arc<MemDev>, u64, u64) {
 
 fn nothing_unknown_and_blocks_5_to_8_intact(c: Cache) {
     assert!(
-        !c.report()
-            .damage
-            .iter()
-            .any(|d| matches!(d, Damage::Unknown { .. })),
+        !reported(&c, |d| matches!(d, Damage::Unknown { .. })),
         "{:?}",
         c.report().damage
     );
