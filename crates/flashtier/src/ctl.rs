@@ -217,6 +217,13 @@ pub fn status(args: StatusArgs) -> anyhow::Result<()> {
 
 pub fn stats(args: StatsArgs) -> anyhow::Result<()> {
     let mut client = args.control.connect()?;
+    if args.watch {
+        // --watch runs until interrupted, so an interrupt must end it even when the shell that
+        // started us ignores SIGINT for its background jobs (`cmd &` in a script, nohup), which
+        // the default disposition would inherit.
+        // SAFETY: restoring the default action of a signal this process installs no handler for.
+        unsafe { libc::signal(libc::SIGINT, libc::SIG_DFL) };
+    }
     let tty = std::io::stdout().is_terminal();
     loop {
         let started = Instant::now();
