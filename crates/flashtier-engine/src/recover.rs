@@ -571,13 +571,9 @@ impl<'a> Walk<'a> {
                     continue;
                 }
                 if let Ok(prev) = BatchHeader::decode_prev(block) {
-                    let in_place = match copy_place(seg, at, s, p, &prev, self.bps()) {
-                        CopyPlace::Damaged => true,
-                        // The damaged header carried no records, so the one the copy describes
-                        // (numbered as expected) comes after it.
-                        CopyPlace::After => prev.kind == HeaderKind::Batch,
-                        CopyPlace::Elsewhere => false,
-                    };
+                    // At the damaged block, or after it when that one carried no records.
+                    let in_place =
+                        copy_place(seg, at, s, p, &prev, self.bps()) != CopyPlace::Elsewhere;
                     if prev.seq_first == self.expected
                         && prev.log == self.log
                         && prev.epoch >= self.epoch
