@@ -788,19 +788,18 @@ impl Controller {
     ) -> Result<u64, ControlError> {
         let cache = self.need_cache()?;
         let size = self.dev.info().size;
-        let bs = cache.status().block_size as u64;
+        let bs = cache.info().min_block as u64;
         let range = match offset {
             None => None,
+            Some(off) if off >= size => {
+                return Err(ControlError::OutOfRange {
+                    what: format!("offset {off}"),
+                    size,
+                })
+            }
             Some(off) => {
-                let end = off.saturating_add(length.unwrap_or(1).max(1));
-                if off >= size {
-                    return Err(ControlError::OutOfRange {
-                        what: format!("offset {off}"),
-                        size,
-                    });
-                }
-                let (first, last) = (off / bs, end.min(size).div_ceil(bs));
-                Some((first, last - first))
+                let (first, end) = crate::report::blocks_touched(off, length, bs);
+                Some((first, end.min(size.div_ceil(bs)) - first))
             }
         };
         let forgotten = cache.forget_lost(range)?;

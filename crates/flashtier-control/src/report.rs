@@ -161,6 +161,26 @@ pub struct CacheStatus {
     pub recovery: Vec<String>,
 }
 
+impl CacheStatus {
+    /// Lost blocks within `[first, end)` (`None`: all of them).
+    pub fn lost_within(&self, blocks: Option<(u64, u64)>) -> u64 {
+        self.lost_ranges
+            .iter()
+            .map(|&[first, n]| match blocks {
+                None => n,
+                Some((lo, hi)) => hi.min(first + n).saturating_sub(lo.max(first)),
+            })
+            .sum()
+    }
+}
+
+/// The blocks `[first, end)` that `length` bytes at `offset` touch (`length` `None`: the one
+/// block holding `offset`), as `forget-lost --range` names them.
+pub fn blocks_touched(offset: u64, length: Option<u64>, block_size: u64) -> (u64, u64) {
+    let end = offset.saturating_add(length.unwrap_or(1).max(1));
+    (offset / block_size, end.div_ceil(block_size))
+}
+
 /// A scrub (`flashtier scrub`): every cached block read back and checked.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ScrubStatus {

@@ -66,23 +66,19 @@ impl Scrubber {
                     tracing::info!(rate_bytes_per_sec = rate, "scrub started");
                     let result = cache.scrub(&progress, &cancel, rate);
                     let error = match result {
-                        Ok(r) if r.lost_blocks > 0 => {
-                            tracing::warn!(
-                                checked = r.checked_blocks,
-                                dropped = r.dropped_blocks,
-                                lost = r.lost_blocks,
-                                cancelled = r.cancelled,
-                                "scrub found lost blocks (see `flashtier status`)"
-                            );
-                            None
-                        }
                         Ok(r) => {
                             tracing::info!(
                                 checked = r.checked_blocks,
                                 dropped = r.dropped_blocks,
+                                lost = r.lost_blocks,
                                 cancelled = r.cancelled,
                                 "scrub done"
                             );
+                            if r.lost_blocks > 0 {
+                                tracing::warn!(
+                                    "the scrub found lost blocks (see `flashtier status`)"
+                                );
+                            }
                             None
                         }
                         Err(e) => {

@@ -102,6 +102,31 @@ fn reported(c: &Cache, what: impl Fn(&Damage) -> bool) -> bool {
     c.report().damage.iter().any(what)
 }
 
+/// Asserts that each of `blocks` reads back as written (`block(i)`).
+fn assert_intact(c: &Cache, blocks: impl IntoIterator<Item = u64>) {
+    for i in blocks {
+        assert!(
+            read_block(c, i).unwrap() == block(i),
+            "block {i} (report {:?})",
+            c.report().damage
+        );
+    }
+}
+
+/// Flips a byte in the body of the newest checkpoint on `dev`, so recovery falls back to the
+/// older one; returns the damaged slot.
+fn damage_newest_checkpoint(dev: &MemDev) -> u32 {
+    let g = read_superblock(dev).unwrap().geometry;
+    let image = dev.snapshot();
+    let number = |slot: u32| {
+        let at = g.checkpoint_slot_offset(slot) as usize;
+        u64::from_le_bytes(image[at + 16..at + 24].try_into().unwrap())
+    };
+    let newest = if number(0) > number(1) { 0 } else { 1 };
+    flip(dev, g.checkpoint_slot_offset(newest) + 4096 + 40);
+    newest
+}
+
 fn read_block(c: &Cache, i: u64) -> std::io::Result<Vec<u8>> {
     let mut out = vec![0u8; BS as usize];
     c.read_at(&mut out, i * BS).map(|()| out)
@@ -177,9 +202,7 @@ fn a_damaged_header_is_read_from_its_copy() {
         c.report().damage
     );
     assert_eq!(c.report().lost_blocks, 0);
-    for i in 0..50 {
-        assert!(read_block(&c, i).unwrap() == block(i), "block {i}");
-    }
+    assert_intact(&c, 0..50);
     c.close().unwrap();
 }
 
@@ -203,9 +226,7 @@ fn a_header_and_its_copy_both_damaged_are_reported_and_the_rest_replayed() {
         st.integrity.as_deref().unwrap().contains("unknown"),
         "{st:?}"
     );
-    for i in (0..50).filter(|&i| i != 20) {
-        assert!(read_block(&c, i).unwrap() == block(i), "block {i}");
-    }
+    assert_intact(&c, (0..50).filter(|&i| i != 20));
     c.close().unwrap();
 }
 
@@ -410,13 +431,7 @@ fn a_damaged_checkpoint_falls_back_to_the_older_one() {
         let high: Vec<u64> = started.iter().map(|a| a.load(Ordering::SeqCst)).collect();
         let copy = Arc::new(MemDev::new(image.len()));
         copy.write_at(&image, 0, false).unwrap();
-        let g = read_superblock(&*copy).unwrap().geometry;
-        let number = |slot: u32| {
-            let at = g.checkpoint_slot_offset(slot) as usize;
-            u64::from_le_bytes(image[at + 16..at + 24].try_into().unwrap())
-        };
-        let newest = if number(0) > number(1) { 0 } else { 1 };
-        flip(&copy, g.checkpoint_slot_offset(newest) + 4096 + 40);
+        let newest = damage_newest_checkpoint(&copy);
         let r = open(copy.clone(), bdev.clone(), None).unwrap();
         r.set_param("writeback_controller", "off").unwrap();
         assert!(
@@ -607,18 +622,11 @@ fn a_failed_cache_device_recovers_without_a_restart() {
     assert_eq!(c.stats().log_recoveries, 1);
     c.write_at(&block(100), 100 * BS, false).unwrap();
     c.flush().unwrap();
-    for i in (0..8).chain([100]) {
-        assert!(read_block(&c, i).unwrap() == block(i), "block {i}");
-    }
+    assert_intact(&c, (0..8).chain([100]));
     assert_eq!(c.status().lost_blocks, 0);
     drop(c);
     let c = open(cdev.clone(), bdev.clone(), None).unwrap();
-    for i in (0..8).chain([100]) {
-        assert!(
-            read_block(&c, i).unwrap() == block(i),
-            "block {i} after a crash"
-        );
-    }
+    assert_intact(&c, (0..8).chain([100]));
     c.close().unwrap();
 }
 
@@ -799,13 +807,7 @@ fn a_duplicated_header_does_not_make_replay_skip_intact_records() {
         "{:?}",
         c.report().damage
     );
-    for i in (0..50).filter(|i| !(20..=21).contains(i)) {
-        assert!(
-            read_block(&c, i).unwrap() == block(i),
-            "block {i} (report {:?})",
-            c.report().damage
-        );
-    }
+    assert_intact(&c, (0..50).filter(|i| !(20..=21).contains(i)));
     c.close().unwrap();
 }
 
@@ -888,14 +890,7 @@ fn damaged_headers_on_both_sides_of_a_segment_boundary_lose_only_their_records()
         "{:?}",
         c.report().damage
     );
-    for i in (0..n).filter(|&i| i + 1 < lba || i > lba) {
-        assert!(
-            read_block(&c, i).unwrap() == block(i),
-            "block {i} (damaged: {}, {lba}; report {:?})",
-            lba - 1,
-            c.report().damage
-        );
-    }
+    assert_intact(&c, (0..n).filter(|&i| i + 1 < lba || i > lba));
     c.close().unwrap();
 }
 
@@ -959,13 +954,7 @@ fn nothing_unknown_and_blocks_5_to_8_intact(c: Cache) {
         c.report().damage
     );
     assert!(read_block(&c, 5).unwrap() == vec![0u8; BS as usize]);
-    for i in 6..9 {
-        assert!(
-            read_block(&c, i).unwrap() == block(i),
-            "block {i} (report {:?})",
-            c.report().damage
-        );
-    }
+    assert_intact(&c, 6..9);
     c.close().unwrap();
 }
 
@@ -1020,12 +1009,7 @@ fn a_damaged_seal_and_the_header_after_it_lose_nothing() {
             && !damage.iter().any(Damage::loses_data),
         "{damage:?}"
     );
-    for i in written {
-        assert!(
-            read_block(&c, i).unwrap() == block(i),
-            "block {i} ({damage:?})"
-        );
-    }
+    assert_intact(&c, written);
     c.close().unwrap();
 }
 
@@ -1038,14 +1022,8 @@ fn a_damaged_seal_and_the_header_after_it_lose_nothing() {
 fn a_header_duplicated_over_the_next_segments_first_is_not_the_end_of_the_log() {
     let n = 700; // 2 blocks a write: the log crosses into a second 4 MiB segment
     let (cdev, bdev) = flushed_writes_then_crash(n);
+    damage_newest_checkpoint(&cdev);
     let g = read_superblock(&*cdev).unwrap().geometry;
-    let image = cdev.snapshot();
-    let number = |slot: u32| {
-        let at = g.checkpoint_slot_offset(slot) as usize;
-        u64::from_le_bytes(image[at + 16..at + 24].try_into().unwrap())
-    };
-    let newest = if number(0) > number(1) { 0 } else { 1 };
-    flip(&cdev, g.checkpoint_slot_offset(newest) + 4096 + 40);
     let first = |seg: u32| g.slot_offset(g.first_slot(seg));
     let segment_of = |at: u64| (0..g.segment_count).rfind(|&s| first(s) <= at).unwrap();
     // The segments the log started in and went on in: where blocks 0 and n - 1 were written.
@@ -1066,12 +1044,7 @@ fn a_header_duplicated_over_the_next_segments_first_is_not_the_end_of_the_log() 
             && !damage.iter().any(Damage::loses_data),
         "{damage:?}"
     );
-    for i in 0..n {
-        assert!(
-            read_block(&c, i).unwrap() == block(i),
-            "block {i} ({damage:?})"
-        );
-    }
+    assert_intact(&c, 0..n);
     c.close().unwrap();
 }
 

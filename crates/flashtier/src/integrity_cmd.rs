@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use flashtier_control::render::render_scrub;
-use flashtier_control::report::ScrubStatus;
+use flashtier_control::report::{blocks_touched, ScrubStatus};
 use flashtier_control::Client;
 
 use crate::ctl::ControlOpt;
@@ -187,19 +187,7 @@ pub fn forget_lost(args: ForgetLostArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let bs = c.block_size as u64;
-    // Blocks `[first, end)` the range touches, as the server counts them.
-    let wanted = args.range.map(|(off, len)| {
-        let end = off.saturating_add(len.unwrap_or(1));
-        (off / bs, end.div_ceil(bs))
-    });
-    let in_range: u64 = c
-        .lost_ranges
-        .iter()
-        .map(|&[first, n]| match wanted {
-            None => n,
-            Some((lo, hi)) => hi.min(first + n).saturating_sub(lo.max(first)),
-        })
-        .sum();
+    let in_range = c.lost_within(args.range.map(|(off, len)| blocks_touched(off, len, bs)));
     if in_range == 0 {
         println!(
             "no lost block in that range: nothing to forget ({} lost in all; `flashtier status` \
