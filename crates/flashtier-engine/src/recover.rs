@@ -785,7 +785,8 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
     // as the tail would have without the damage.
     let mut landing_after_unknown = false;
     let mut last_header = Box::new([0u8; OWN_LEN]);
-    'steps: for step in walk.steps {
+    let mut steps = walk.steps.into_iter();
+    'steps: for step in steps.by_ref() {
         match step {
             Step::Open(seg) => {
                 if state.segs.next_free() == Some(seg) {
@@ -816,6 +817,26 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
                 if seq_first >= durable {
                     break;
                 }
+                if seq_end > durable {
+                    // Only the records below `durable` are known to have been synced; the rest
+                    // of the gap is the torn tail, and the header after it (at or past
+                    // `durable`) would end the log anyway: it ends at `durable`.
+                    tracing::error!(
+                        seq_first,
+                        seq_end = durable,
+                        "log records lost with their headers"
+                    );
+                    damage.push(Damage::Unknown {
+                        seq_first,
+                        seq_end: durable,
+                    });
+                    drop_clean(&mut state);
+                    if let Some(h) = state.segs.head.as_mut() {
+                        h.used = to;
+                    }
+                    expected = durable;
+                    break;
+                }
                 if seq_end > seq_first {
                     tracing::error!(seq_first, seq_end, "log records lost with their headers");
                     damage.push(Damage::Unknown { seq_first, seq_end });
@@ -840,10 +861,12 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
                 from_copy,
             } => {
                 if std::mem::take(&mut landing_after_unknown) && header.seq_first >= durable {
+                    drop_clean_under(&mut state, &header.entries);
                     break;
                 }
                 if from_copy {
                     if header.seq_first >= durable {
+                        drop_clean_under(&mut state, &header.entries);
                         break;
                     }
                     tracing::warn!(
@@ -904,6 +927,7 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
                             epoch = header.epoch;
                             truncate_batch = Some((geo.slot_offset(header_slot), block));
                         }
+                        drop_clean_under(&mut state, &header.entries[applied..]);
                         break 'steps;
                     }
                     at_block += n;
@@ -919,6 +943,12 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
                 expected = header.seq_end();
                 epoch = header.epoch;
             }
+        }
+    }
+    // What the walk found past where the log ended.
+    for step in steps {
+        if let Step::Batch { header, .. } = step {
+            drop_clean_under(&mut state, &header.entries);
         }
     }
     Ok(Recovered {
@@ -955,6 +985,30 @@ fn skip_damaged(state: &mut State, e: &batch::Entry, seq: u64) -> Damage {
             lba: e.lba,
             blocks: e.nblocks,
         },
+    }
+}
+
+/// Drops the cached clean copies of the blocks that `entries`, records past the end of the
+/// replayed log, wrote or invalidated. A write-through WRITE and an INVALIDATE (a write around
+/// the cache, a trim, zeroing) reach the backing store only after their batch was synced and
+/// vouched for; when damage hit both the batch and the header vouching for it, recovery cannot
+/// tell that from a crash's torn tail and ends the log before them, while the backing store may
+/// already hold the newer data. After a real torn tail the clean copy equals the backing store's
+/// data, so dropping it costs a re-read, never data. (An older *dirty* copy cannot be dropped:
+/// after a real torn tail it is the only copy of the newest data.)
+fn drop_clean_under(state: &mut State, entries: &[batch::Entry]) {
+    for e in entries {
+        if !matches!(e.kind, Kind::Write | Kind::Invalidate) {
+            continue;
+        }
+        for lba in e.lba..e.lba + e.nblocks as u64 {
+            let Some(slot) = state.index.get(lba) else {
+                continue;
+            };
+            if state.index.slot(slot).is_some_and(|i| !i.dirty) {
+                state.unmap_if(lba, slot);
+            }
+        }
     }
 }
 

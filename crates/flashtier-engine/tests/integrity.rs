@@ -702,6 +702,55 @@ fn damage_to_a_batch_the_backing_store_relied_on_is_not_a_torn_tail() {
     the_zeroes_of_block_5_survive_their_damaged_header(open_default(&cdev, &bdev));
 }
 
+/// Two faults, one in a write-through write's synced data and one in every header vouching for
+/// that sync, look exactly like a crash's torn tail: the log ends before the write. The backing
+/// store already holds the write, so the block must read it, not the older copy still cached.
+/// Before: block 5 read its first version again (the corruption campaign found it as
+/// write-through writes seen in part).
+#[test]
+fn a_write_through_write_cut_by_damage_does_not_bring_back_the_older_cached_copy() {
+    let (cdev, bdev) = devices();
+    format_cache(
+        &*cdev,
+        BACKING,
+        4 << 20,
+        Mode::WriteThrough,
+        Default::default(),
+    )
+    .unwrap();
+    let c = open_default(&cdev, &bdev);
+    let newer = pattern(77, BS as usize);
+    c.write_at(&block(5), 5 * BS, false).unwrap();
+    c.flush().unwrap(); // the backing store's flush makes the cached copy clean
+    std::thread::sleep(std::time::Duration::from_millis(50)); // a note vouches for it
+    c.write_at(&newer, 5 * BS, false).unwrap();
+    drop(c); // crash at once: no idle note
+    let (header, data) = find_record(&cdev, 5);
+    let seq_end = headers(&cdev)
+        .into_iter()
+        .find(|(at, _)| *at == header)
+        .unwrap()
+        .1
+        .seq_end();
+    flip(&cdev, data + 100);
+    for (at, h) in headers(&cdev) {
+        if h.seq_first >= seq_end {
+            flip(&cdev, at + 60);
+        }
+    }
+    let c = open_default(&cdev, &bdev);
+    assert!(
+        c.report().damage.is_empty() && c.lost_ranges().is_empty(),
+        "the damage was not taken for a torn tail (the test no longer tests the cut): {:?}",
+        c.report()
+    );
+    assert!(
+        read_block(&c, 5).unwrap() == newer,
+        "block 5 reads its older cached copy, not the write the backing store holds"
+    );
+    c.close().unwrap();
+}
+
 /// A flipped byte in the version field of one superblock copy is damage to that copy, not a
 /// newer format. Before: the whole device was refused ("cache format version 15073282 is not
 /// supported"; found by the corruption campaign).

@@ -1402,6 +1402,59 @@ fn every_copy_hit(hits: &[Hit], geo: &Geometry, image: &[u8]) -> bool {
     sb || ck
 }
 
+/// Keeps a failed damage case for `damaged_image_recovers` (the runs are not repeatable: the
+/// writers' timing decides what the images hold): the undamaged cache image, the damaged one and
+/// the backing image, in a new directory under the temp directory. Returns where, for the message.
+fn dump_damage(snap: &Snap, damaged: &[u8], what: &str) -> String {
+    let dir = std::env::temp_dir().join(format!(
+        "flashtier-damage-{}-{}",
+        std::process::id(),
+        DAMAGE.failed.load(Ordering::Relaxed)
+    ));
+    let written = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(dir.join("cache.img"), &snap.images[0]))
+        .and_then(|()| std::fs::write(dir.join("damaged.img"), damaged))
+        .and_then(|()| std::fs::write(dir.join("backing.img"), &snap.images[1]))
+        .and_then(|()| std::fs::write(dir.join("damage.txt"), what));
+    match written {
+        Ok(()) => format!(
+            "\n(images kept: FLASHTIER_DAMAGE_DIR={} cargo test --release -p flashtier-engine \
+             --test power_loss -- --ignored --nocapture damaged_image_recovers)",
+            dir.display()
+        ),
+        Err(e) => format!("\n(could not keep the images in {}: {e})", dir.display()),
+    }
+}
+
+/// Recovers a damaged image kept by a failed campaign run (`FLASHTIER_DAMAGE_DIR`), the undamaged
+/// one beside it, and prints what each recovery reported, for debugging recovery.
+#[test]
+#[ignore = "needs FLASHTIER_DAMAGE_DIR from a failed campaign run"]
+fn damaged_image_recovers() {
+    let dir = std::path::PathBuf::from(
+        std::env::var("FLASHTIER_DAMAGE_DIR").expect("FLASHTIER_DAMAGE_DIR"),
+    );
+    let load = |name: &str| std::fs::read(dir.join(name)).unwrap();
+    eprintln!("{}", String::from_utf8_lossy(&load("damage.txt")));
+    for name in ["cache.img", "damaged.img"] {
+        let rail = Rail::new();
+        let opened = open(
+            rail.attach(Arc::new(CrashDev::from_image(load(name)))),
+            rail.attach(Arc::new(CrashDev::from_image(load("backing.img")))),
+            None,
+        );
+        match opened {
+            Ok(c) => eprintln!(
+                "{name}: log_end {} damage {:?} lost {:?}",
+                c.report().log_end,
+                c.report().damage,
+                c.lost_ranges()
+            ),
+            Err(e) => eprintln!("{name}: refused: {e}"),
+        }
+    }
+}
+
 /// Damages a copy of the crash image's cache device (1 to 3 damages), recovers it and checks:
 /// - recovery succeeds unless both copies of the superblock or of the checkpoint were hit (then
 ///   it may refuse with an error, never panic or open garbage);
@@ -1429,7 +1482,7 @@ fn damage_and_check(
     bump(&DAMAGE.images, 1);
     bump(&DAMAGE.hits, hits.len() as u64);
     let what = format!("damage {hits:?}");
-    let ctx = |e: String| format!("{what}: {e}");
+    let ctx = |e: String| format!("{what}: {e}{}", dump_damage(snap, &image, &what));
 
     let rail = Rail::new();
     let bdev = rail.attach(Arc::new(CrashDev::from_image(snap.images[1].clone())));
