@@ -127,6 +127,8 @@ pub enum ControlError {
 
 /// What the controller controls.
 pub struct ControllerOptions {
+    /// The server's version, for the status report (`flashtier status`, `flashtier_info`).
+    pub version: String,
     /// The exported device (described in the status).
     pub dev: Arc<dyn BlockDev>,
     /// The cache behind it, if any.
@@ -286,6 +288,7 @@ struct Job {
 }
 
 pub struct Controller {
+    version: String,
     dev: Arc<dyn BlockDev>,
     att: Arc<RwLock<Attachment>>,
     detach: Option<Arc<DetachOptions>>,
@@ -307,6 +310,7 @@ pub struct Controller {
 impl Controller {
     pub fn new(opts: ControllerOptions) -> Controller {
         let c = Controller {
+            version: opts.version,
             dev: opts.dev,
             att: Arc::new(RwLock::new(Attachment {
                 cache: opts.cache,
@@ -433,6 +437,7 @@ impl Controller {
             },
         );
         StatusReport {
+            version: self.version.clone(),
             device: self.dev.describe(),
             size_bytes: self.dev.info().size,
             cache: st.is_some(),
@@ -1154,6 +1159,7 @@ pub(crate) mod tests {
         };
         let timed = Arc::new(Timed::new(inner));
         let c = Controller::new(ControllerOptions {
+            version: "1.2.3 (git test)".into(),
             dev: timed.clone(),
             cache,
             latencies: timed.latencies(),
@@ -1186,6 +1192,7 @@ pub(crate) mod tests {
         let export = Arc::new(Switchable::new(cache.clone()));
         let timed = Arc::new(Timed::new(export.clone()));
         let c = Controller::new(ControllerOptions {
+            version: "1.2.3 (git test)".into(),
             dev: timed.clone(),
             cache: Some(cache),
             latencies: timed.latencies(),

@@ -89,11 +89,12 @@ impl Report {
         o.family(
             "flashtier_info",
             "gauge",
-            "The exported device and cache mode (value always 1)",
+            "The server's version, the exported device and the cache mode (value always 1)",
         );
         o.sample(
             "flashtier_info",
             &[
+                ("version", &s.version),
                 ("device", &s.device),
                 ("mode", s.mode.as_deref().unwrap_or("none")),
             ],

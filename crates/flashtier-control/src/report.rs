@@ -101,6 +101,10 @@ pub struct Report {
 /// What is served and how it is doing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatusReport {
+    /// The server's version, as `flashtier --version` prints it (version, commit, build date).
+    /// Empty from a server too old to send it.
+    #[serde(default)]
+    pub version: String,
     /// The exported device, e.g. `flashtier cache over file /srv/disk.img`.
     pub device: String,
     pub size_bytes: u64,

@@ -14,10 +14,21 @@ mod units;
 
 use clap::{Parser, Subcommand};
 
+/// What `flashtier --version` prints after the name, and what a running server reports in
+/// `flashtier status`: the crate version, the commit and the build date (recorded by build.rs).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("FLASHTIER_GIT_COMMIT"),
+    ", built ",
+    env!("FLASHTIER_BUILD_DATE"),
+    ")"
+);
+
 #[derive(Parser)]
 #[command(
     name = "flashtier",
-    version,
+    version = VERSION,
     about = "A fast, crash-safe storage cache in front of slow disks, exported as an NBD block device",
     long_about = "flashtier puts fast tiers in front of a slow store (a spinning disk, a network or \
 cloud volume, any NBD server) and exports the result over the NBD protocol, so the Linux kernel \

@@ -383,6 +383,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let identity = backing_identity(&args.backing, backing.info().size)?;
     let backing_spec = args.backing.clone();
     let controller = Arc::new(Controller::new(ControllerOptions {
+        version: crate::VERSION.into(),
         dev: timed.clone(),
         cache: cache.clone(),
         latencies: timed.latencies(),
