@@ -8,6 +8,7 @@ mod ctl;
 mod demo;
 mod format;
 mod integrity_cmd;
+mod notify;
 mod serve;
 mod shutdown;
 mod units;

@@ -499,6 +499,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     )?;
     out.flush()?;
     drop(out);
+    // Under systemd (Type=notify): units ordered after this one start now, not before the
+    // socket accepts connections.
+    crate::notify::notify(&format!(
+        "READY=1\nSTATUS=serving {summary} on {}",
+        listener.addr()
+    ));
 
     let served = server.serve(listener).context("server failed");
     drop(server);
@@ -631,6 +637,7 @@ fn install_signal_handlers(handle: ShutdownHandle) -> anyhow::Result<()> {
                     "SIGTERM"
                 };
                 if count == 0 {
+                    crate::notify::notify("STOPPING=1\nSTATUS=stopping: answering the requests in flight, flushing, closing the cache");
                     tracing::info!(
                         "{name}: finishing in-flight requests and flushing (send again to exit \
                          immediately)"
