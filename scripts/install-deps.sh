@@ -24,6 +24,9 @@ packages=(
     linux-perf      # perf stat: bench/cache_writes.py counts the log writer's batches with it
     mariadb-server  # mariadbd, mariadb-install-db, mysqlcheck: a real database crashed on flashtier
     sysbench        # OLTP load for that database
+    man-db          # man: the generated man pages render (and the package test's man -w)
+    zsh             # zsh -n, fish -n: the generated completions parse
+    fish
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,6 +1,7 @@
 //! What an installed flashtier relies on, checked from the source tree: `--version` names the
 //! commit and `status` the running server's version; `serve` tells systemd READY=1 only once
-//! its socket accepts connections and STOPPING=1 at SIGTERM (`Type=notify`).
+//! its socket accepts connections and STOPPING=1 at SIGTERM (`Type=notify`); the man pages and
+//! completions generated from the clap definition cover every subcommand and option.
 
 use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::path::Path;
@@ -126,5 +127,120 @@ fn serve_notifies_systemd_ready_once_listening_and_stopping_at_sigterm() {
         notify.recv(&mut buf).is_err(),
         "more notifications than READY and STOPPING: {:?}",
         String::from_utf8_lossy(&buf)
+    );
+}
+
+/// The subcommands `flashtier --help` lists (clap's own `help` aside).
+fn subcommands() -> Vec<String> {
+    let help = run_stdout(Command::new(BIN).arg("--help"));
+    let commands = help
+        .split("Commands:\n")
+        .nth(1)
+        .expect("a Commands: section")
+        .split("\n\n")
+        .next()
+        .unwrap();
+    commands
+        .lines()
+        .filter(|l| l.starts_with("  ") && !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .map(str::to_string)
+        .collect()
+}
+
+/// Every `--long` option `flashtier ARGS --help` lists.
+fn long_options(args: &[&str]) -> Vec<String> {
+    let help = run_stdout(Command::new(BIN).args(args).arg("--help"));
+    let mut opts: Vec<String> = help
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("--"))
+        .map(|w| {
+            w.trim_end_matches(|c: char| !c.is_ascii_alphanumeric())
+                .split(['=', '[', '<', ','])
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .filter(|w| !w.is_empty())
+        .collect();
+    opts.sort();
+    opts.dedup();
+    opts
+}
+
+#[test]
+fn man_pages_and_completions_cover_every_subcommand_and_option() {
+    require("man");
+    let dir = Scratch::new();
+    let man = dir.path().join("man");
+    run(Command::new(BIN).arg("generate").arg("man").arg(&man));
+    let subs = subcommands();
+    assert!(subs.len() >= 15, "{subs:?}");
+    assert!(
+        !subs.contains(&"generate".to_string()),
+        "generate is hidden"
+    );
+    let render = |page: &str| {
+        let path = man.join(format!("{page}.1"));
+        assert!(path.exists(), "no man page {path:?}");
+        run_stdout(
+            Command::new("man")
+                .arg("-l")
+                .arg(&path)
+                .env("MANWIDTH", "200")
+                .env_remove("MAN_KEEP_FORMATTING"),
+        )
+    };
+    let top = render("flashtier");
+    for sub in &subs {
+        assert!(
+            top.contains(&format!("flashtier-{sub}(1)")),
+            "{sub} in flashtier(1)"
+        );
+        let page = render(&format!("flashtier-{sub}"));
+        // Every option --help lists is on the page (both come from the same definition).
+        for opt in long_options(&[sub]) {
+            assert!(
+                page.contains(&format!("--{opt}")),
+                "--{opt} of `flashtier {sub} --help` missing from flashtier-{sub}(1)"
+            );
+        }
+    }
+    render("flashtier-config-check");
+    let serve = render("flashtier-serve");
+    assert!(
+        serve.contains("Exit status after SIGINT/SIGTERM"),
+        "{serve}"
+    );
+    assert!(!man.join("flashtier-help.1").exists());
+    assert!(!man.join("flashtier-generate.1").exists());
+
+    let comp = dir.path().join("completions");
+    run(Command::new(BIN)
+        .arg("generate")
+        .arg("completions")
+        .arg(&comp));
+    // bash: `flashtier se<TAB>` offers serve and set; `flashtier serve --end<TAB>` the option.
+    let complete = |words: &str| {
+        run_stdout(Command::new("bash").arg("-c").arg(format!(
+            "source {}; COMP_WORDS=({words}); COMP_CWORD=$((${{#COMP_WORDS[@]}} - 1)); \
+             COMP_LINE=\"${{COMP_WORDS[*]}}\"; COMP_POINT=${{#COMP_LINE}}; \
+             _flashtier flashtier \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"; \
+             echo \"${{COMPREPLY[*]}}\"",
+            path_str(&comp.join("flashtier.bash"))
+        )))
+    };
+    assert_eq!(complete("flashtier se").trim(), "serve set");
+    assert_eq!(complete("flashtier serve --endu").trim(), "--endurance-tbw");
+    assert!(!complete("flashtier ge").contains("generate"));
+    for (shell, file) in [("zsh", "_flashtier"), ("fish", "flashtier.fish")] {
+        require(shell);
+        run(Command::new(shell).arg("-n").arg(comp.join(file)));
+    }
+    let fish = std::fs::read_to_string(comp.join("flashtier.fish")).unwrap();
+    assert!(
+        fish.contains("-l endurance-tbw"),
+        "fish completes serve's options"
     );
 }
