@@ -27,6 +27,9 @@ packages=(
     man-db          # man: the generated man pages render (and the package test's man -w)
     zsh             # zsh -n, fish -n: the generated completions parse
     fish
+    dpkg-dev        # dpkg-shlibdeps: the package's Depends (cargo-deb's $auto)
+    binutils        # strip, for the packaged binary
+    systemd         # systemd-analyze verify of the packaged unit
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -42,4 +45,9 @@ fi
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "installing cargo-fuzz"
     cargo install --locked cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz
+fi
+
+if ! cargo deb --version >/dev/null 2>&1; then
+    echo "installing cargo-deb"
+    cargo install --locked cargo-deb >/dev/null 2>&1 || cargo install cargo-deb
 fi
