@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::histogram::HistSnapshot;
 use crate::report::{
     read_hit_pct, write_hit_pct, CacheStatus, Derived, JobReport, LatencyReport, Ordered, Report,
-    StatusReport, Wear,
+    StatusReport, Wear, LATENCY_BUCKETS_US,
 };
 use crate::scrub_job::{ScrubError, Scrubber};
 use crate::switch::Switchable;
@@ -487,6 +487,10 @@ impl Controller {
                     p999_us: us(h.quantile(0.999)),
                     max_us: us(h.max),
                     sum_us: us(h.sum),
+                    buckets: LATENCY_BUCKETS_US
+                        .iter()
+                        .map(|&b| [b, h.count_at_most(b * 1000)])
+                        .collect(),
                 };
                 (op.name(), r)
             })
