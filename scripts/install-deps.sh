@@ -30,6 +30,7 @@ packages=(
     dpkg-dev        # dpkg-shlibdeps: the package's Depends (cargo-deb's $auto)
     binutils        # strip, for the packaged binary
     systemd         # systemd-analyze verify of the packaged unit
+    prometheus      # promtool: the alert rules load and fire (installed without starting it)
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -39,6 +40,15 @@ if ((${#missing[@]})); then
     echo "installing: ${missing[*]}"
     if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
     $sudo apt-get update -qq
+    # Installing a server package starts it (prometheus, mariadb); the tests start what they
+    # need themselves. Where no policy-rc.d says otherwise, one forbids starting services for
+    # the duration of the install (Debian's documented mechanism, as in containers).
+    policy=/usr/sbin/policy-rc.d
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\n# scripts/install-deps.sh: no service starts during its install\nexit 101\n' | $sudo tee "$policy" >/dev/null
+        $sudo chmod 755 "$policy"
+        trap '$sudo rm -f "$policy"' EXIT
+    fi
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 

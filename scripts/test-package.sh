@@ -53,11 +53,14 @@ check "zsh completion parses, in zsh's vendor fpath" bash -c '
 check "fish completes 'flashtier se' from vendor_completions.d" bash -c '
     fish -n /usr/share/fish/vendor_completions.d/flashtier.fish &&
     fish -c "complete -C \"flashtier se\"" | cut -f1 | sort | tr "\n" " " | grep -q "^serve set $"'
-check "/etc/flashtier/example.toml: a conffile that config check accepts" bash -c '
+check "/etc/flashtier/example.toml: a conffile, config check passes" bash -c '
     dpkg-query -W -f="\${Conffiles}" flashtier | grep -q " /etc/flashtier/example.toml " &&
     /usr/bin/flashtier config check /etc/flashtier/example.toml >/dev/null'
 # verify needs an instance of the template; the unit's ExecStart binary and Documentation man
 # pages must exist (they are checked). Any message at all fails the check.
+check "Grafana dashboard and alert rules in /usr/share/flashtier" bash -c '
+    python3 -m json.tool /usr/share/flashtier/grafana/flashtier.json >/dev/null &&
+    promtool check rules /usr/share/flashtier/prometheus/flashtier-rules.yml'
 check "systemd-analyze verify flashtier@pkgtest.service" bash -c '
     out=$(systemd-analyze verify flashtier@pkgtest.service 2>&1); rc=$?
     printf "%s\n" "$out"; [ $rc -eq 0 ] && [ -z "$out" ]'

@@ -117,6 +117,15 @@ impl Report {
             &format!("1 if health is ok, else 0 (health: {})", s.health),
             if s.health == "ok" { 1.0 } else { 0.0 },
         );
+        o.gauge(
+            "flashtier_cache_failed",
+            "1 once the cache device failed (health: failed ...), else 0",
+            if s.health.starts_with("failed") {
+                1.0
+            } else {
+                0.0
+            },
+        );
         let cache = s.cache_status.as_ref();
         o.gauge(
             "flashtier_backing_degraded",
