@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # flashtier's whole test suite, from a fresh machine: installs what the tests need (Debian
-# packages, cargo-fuzz), then checks formatting and lints, runs unit and integration tests against
-# real tools (nbdinfo, qemu-img, qemu-io, nbdcopy, fio, nbdfuse + loop + ext4), and fuzzes the
-# protocol parsers briefly.
+# packages, cargo-fuzz, cargo-deb), then checks formatting and lints, runs unit and integration
+# tests against real tools (nbdinfo, qemu-img, qemu-io, nbdcopy, fio, nbdfuse + loop + ext4),
+# builds, installs, checks and purges the Debian package, and fuzzes the protocol parsers briefly.
 #
 #   ./test.sh           the default run (CI runs exactly this)
 #   ./test.sh --long    also the long soak and crash runs
@@ -34,6 +34,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "unit and integration tests"
 export FLASHTIER_LONG=$long
 cargo test --workspace --locked --release -- --test-threads="${FLASHTIER_TEST_THREADS:-2}"
+
+step "Debian package: build, install, check binary, man pages, completions, unit; purge"
+./scripts/test-package.sh
 
 step "fuzzing the protocol parsers and on-device decoders briefly"
 ./fuzz/run.sh "${FLASHTIER_FUZZ_SECONDS:-20}"

@@ -24,6 +24,13 @@ packages=(
     linux-perf      # perf stat: bench/cache_writes.py counts the log writer's batches with it
     mariadb-server  # mariadbd, mariadb-install-db, mysqlcheck: a real database crashed on flashtier
     sysbench        # OLTP load for that database
+    man-db          # man: the generated man pages render (and the package test's man -w)
+    zsh             # zsh -n, fish -n: the generated completions parse
+    fish
+    dpkg-dev        # dpkg-shlibdeps: the package's Depends (cargo-deb's $auto)
+    binutils        # strip, for the packaged binary
+    systemd         # systemd-analyze verify of the packaged unit
+    prometheus      # promtool: the alert rules load and fire (installed without starting it)
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -33,10 +40,24 @@ if ((${#missing[@]})); then
     echo "installing: ${missing[*]}"
     if [ "$(id -u)" -ne 0 ]; then sudo=sudo; else sudo=; fi
     $sudo apt-get update -qq
+    # Installing a server package starts it (prometheus, mariadb); the tests start what they
+    # need themselves. Where no policy-rc.d says otherwise, one forbids starting services for
+    # the duration of the install (Debian's documented mechanism, as in containers).
+    policy=/usr/sbin/policy-rc.d
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\n# scripts/install-deps.sh: no service starts during its install\nexit 101\n' | $sudo tee "$policy" >/dev/null
+        $sudo chmod 755 "$policy"
+        trap '$sudo rm -f "$policy"' EXIT
+    fi
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "installing cargo-fuzz"
     cargo install --locked cargo-fuzz >/dev/null 2>&1 || cargo install cargo-fuzz
+fi
+
+if ! cargo deb --version >/dev/null 2>&1; then
+    echo "installing cargo-deb"
+    cargo install --locked cargo-deb >/dev/null 2>&1 || cargo install cargo-deb
 fi

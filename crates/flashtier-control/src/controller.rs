@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::histogram::HistSnapshot;
 use crate::report::{
     read_hit_pct, write_hit_pct, CacheStatus, Derived, JobReport, LatencyReport, Ordered, Report,
-    StatusReport, Wear,
+    StatusReport, Wear, LATENCY_BUCKETS_US,
 };
 use crate::scrub_job::{ScrubError, Scrubber};
 use crate::switch::Switchable;
@@ -127,6 +127,8 @@ pub enum ControlError {
 
 /// What the controller controls.
 pub struct ControllerOptions {
+    /// The server's version, for the status report (`flashtier status`, `flashtier_info`).
+    pub version: String,
     /// The exported device (described in the status).
     pub dev: Arc<dyn BlockDev>,
     /// The cache behind it, if any.
@@ -286,6 +288,7 @@ struct Job {
 }
 
 pub struct Controller {
+    version: String,
     dev: Arc<dyn BlockDev>,
     att: Arc<RwLock<Attachment>>,
     detach: Option<Arc<DetachOptions>>,
@@ -307,6 +310,7 @@ pub struct Controller {
 impl Controller {
     pub fn new(opts: ControllerOptions) -> Controller {
         let c = Controller {
+            version: opts.version,
             dev: opts.dev,
             att: Arc::new(RwLock::new(Attachment {
                 cache: opts.cache,
@@ -433,6 +437,7 @@ impl Controller {
             },
         );
         StatusReport {
+            version: self.version.clone(),
             device: self.dev.describe(),
             size_bytes: self.dev.info().size,
             cache: st.is_some(),
@@ -482,6 +487,10 @@ impl Controller {
                     p999_us: us(h.quantile(0.999)),
                     max_us: us(h.max),
                     sum_us: us(h.sum),
+                    buckets: LATENCY_BUCKETS_US
+                        .iter()
+                        .map(|&b| [b, h.count_at_most(b * 1000)])
+                        .collect(),
                 };
                 (op.name(), r)
             })
@@ -1154,6 +1163,7 @@ pub(crate) mod tests {
         };
         let timed = Arc::new(Timed::new(inner));
         let c = Controller::new(ControllerOptions {
+            version: "1.2.3 (git test)".into(),
             dev: timed.clone(),
             cache,
             latencies: timed.latencies(),
@@ -1186,6 +1196,7 @@ pub(crate) mod tests {
         let export = Arc::new(Switchable::new(cache.clone()));
         let timed = Arc::new(Timed::new(export.clone()));
         let c = Controller::new(ControllerOptions {
+            version: "1.2.3 (git test)".into(),
             dev: timed.clone(),
             cache: Some(cache),
             latencies: timed.latencies(),

@@ -125,6 +125,19 @@ impl HistSnapshot {
         }
     }
 
+    /// Values recorded at or below `bound`, counting only buckets entirely at or below it: a
+    /// bucket straddling `bound` (at most 1/16 of it wide) is left out, so this is the count
+    /// at some value in `(bound * 15/16, bound]`. Monotonic in `bound`, as Prometheus's
+    /// cumulative `le` buckets must be.
+    pub fn count_at_most(&self, bound: u64) -> u64 {
+        self.buckets
+            .iter()
+            .enumerate()
+            .take_while(|&(i, _)| bucket_range(i).1 <= bound)
+            .map(|(_, &c)| c)
+            .sum()
+    }
+
     /// The value at quantile `q` (0..=1): the smallest bucket value with at least `ceil(q * n)`
     /// values at or below it, reported as the top of its bucket (never under the true value,
     /// at most 1/16 over it) and capped by the maximum. 0 when empty.
@@ -195,6 +208,26 @@ mod tests {
         assert_eq!(d.max, 50_000);
         let none = h.snapshot().since(&h.snapshot());
         assert_eq!((none.count, none.max, none.quantile(0.99)), (0, 0, 0));
+    }
+
+    #[test]
+    fn count_at_most_counts_whole_buckets_up_to_the_bound() {
+        let h = Histogram::default();
+        for v in [5, 100, 1_000, 1_000_000, 2_000_000] {
+            h.record(v);
+        }
+        let s = h.snapshot();
+        assert_eq!(s.count_at_most(4), 0);
+        assert_eq!(s.count_at_most(5), 1);
+        assert_eq!(
+            s.count_at_most(1_000_000),
+            3,
+            "{{1_000_000}} is near a bucket's top"
+        );
+        assert_eq!(s.count_at_most(1_999_999), 4);
+        assert_eq!(s.count_at_most(u64::MAX), 5);
+        // 1000's bucket is [992, 1023]: a bound inside it leaves it out.
+        assert_eq!(s.count_at_most(1_000), 2);
     }
 
     proptest! {

@@ -2,8 +2,11 @@
 //!
 //! Counters are `flashtier_<name>_total` (since the start or the last reset-stats: Prometheus's
 //! `rate()` treats a reset like a restart), the status and derived figures are gauges, latency
-//! is a summary per operation (`quantile` 0.5, 0.99, 0.999, with `_sum` and `_count`), and the
-//! mode, health and parameters are labelled info-style gauges with the value 1.
+//! is a summary per operation (`quantile` 0.5, 0.99, 0.999, with `_sum` and `_count`) and the
+//! histogram `flashtier_request_duration_seconds` (25 µs to 10 s buckets), and the
+//! version, mode, health and parameters are labelled info-style gauges with the value 1 (numeric
+//! parameters also as `flashtier_param_value{name}`). Gauges not always known (hit ratios before
+//! any I/O, the wear rate in the first minute) are declared without a sample until they are.
 
 use std::fmt::Write as _;
 
@@ -70,6 +73,15 @@ impl Out {
         self.family(name, "gauge", text);
         self.sample(name, &[], float(value));
     }
+
+    /// A gauge whose value is not always known: the family is declared anyway, so dashboards
+    /// and alert rules can rely on its name (a family without samples is valid text format).
+    fn gauge_if_known(&mut self, name: &str, text: &str, value: Option<f64>) {
+        self.family(name, "gauge", text);
+        if let Some(v) = value {
+            self.sample(name, &[], float(v));
+        }
+    }
 }
 
 impl Report {
@@ -89,11 +101,12 @@ impl Report {
         o.family(
             "flashtier_info",
             "gauge",
-            "The exported device and cache mode (value always 1)",
+            "The server's version, the exported device and the cache mode (value always 1)",
         );
         o.sample(
             "flashtier_info",
             &[
+                ("version", &s.version),
                 ("device", &s.device),
                 ("mode", s.mode.as_deref().unwrap_or("none")),
             ],
@@ -103,6 +116,15 @@ impl Report {
             "flashtier_healthy",
             &format!("1 if health is ok, else 0 (health: {})", s.health),
             if s.health == "ok" { 1.0 } else { 0.0 },
+        );
+        o.gauge(
+            "flashtier_cache_failed",
+            "1 once the cache device failed (health: failed ...), else 0",
+            if s.health.starts_with("failed") {
+                1.0
+            } else {
+                0.0
+            },
         );
         let cache = s.cache_status.as_ref();
         o.gauge(
@@ -203,9 +225,7 @@ impl Report {
                 self.derived.write_hit_pct,
             ),
         ] {
-            if let Some(v) = v {
-                o.gauge(&format!("flashtier_{name}"), text, v / 100.0);
-            }
+            o.gauge_if_known(&format!("flashtier_{name}"), text, v.map(|v| v / 100.0));
         }
         if let Some(j) = &self.job {
             // flashtier_mode_switch_* or flashtier_flush_*.
@@ -242,6 +262,32 @@ impl Report {
             o.sample(&format!("{name}_sum"), &[("op", op)], float(l.sum_us / 1e6));
             o.sample(&format!("{name}_count"), &[("op", op)], l.count.to_string());
         }
+        // The same requests as a histogram: a summary's quantiles cover the whole time since
+        // the start, buckets let Prometheus take quantiles over any window.
+        let name = "flashtier_request_duration_seconds";
+        o.family(
+            name,
+            "histogram",
+            "Request latency as NBD clients see it, per operation, since start or reset (a \
+             bucket counts requests up to its bound, or at most 1/16 below it)",
+        );
+        for (op, l) in self.latency.iter() {
+            for &[bound_us, n] in &l.buckets {
+                let le = float(bound_us as f64 / 1e6);
+                o.sample(
+                    &format!("{name}_bucket"),
+                    &[("op", op), ("le", &le)],
+                    n.to_string(),
+                );
+            }
+            o.sample(
+                &format!("{name}_bucket"),
+                &[("op", op), ("le", "+Inf")],
+                l.count.to_string(),
+            );
+            o.sample(&format!("{name}_sum"), &[("op", op)], float(l.sum_us / 1e6));
+            o.sample(&format!("{name}_count"), &[("op", op)], l.count.to_string());
+        }
         let name = "flashtier_latency_max_seconds";
         o.family(
             name,
@@ -258,20 +304,17 @@ impl Report {
             "Bytes this server wrote to the cache device since it started",
             w.cache_bytes_written as f64,
         );
-        if let Some(v) = w.bytes_per_day {
-            o.gauge(
-                "flashtier_wear_bytes_per_day",
-                "Recent write rate to the cache device, per day",
-                v,
-            );
-        }
-        if let Some(v) = w.days_to_rated_tbw {
-            o.gauge(
-                "flashtier_wear_days_to_rated_tbw",
-                "Days until the cache device's rated TBW at the recent write rate",
-                v,
-            );
-        }
+        o.gauge_if_known(
+            "flashtier_wear_bytes_per_day",
+            "Recent write rate to the cache device, per day (known once it spans a minute)",
+            w.bytes_per_day,
+        );
+        o.gauge_if_known(
+            "flashtier_wear_days_to_rated_tbw",
+            "Days until the cache device's rated TBW at the recent write rate (needs \
+             --endurance-tbw)",
+            w.days_to_rated_tbw,
+        );
 
         if !self.params.0.is_empty() {
             let name = "flashtier_param";
@@ -282,6 +325,15 @@ impl Report {
             );
             for (k, v) in self.params.iter() {
                 o.sample(name, &[("name", k), ("value", v)], "1".into());
+            }
+            // The numeric ones again as values, for arithmetic in rules (dirty bytes against
+            // the high watermark); a label cannot be compared.
+            let name = "flashtier_param_value";
+            o.family(name, "gauge", "Live parameters with a numeric value");
+            for (k, v) in self.params.iter() {
+                if let Ok(v) = v.parse::<f64>() {
+                    o.sample(name, &[("name", k)], float(v));
+                }
             }
         }
         o.0
@@ -330,6 +382,19 @@ mod tests {
         }
         assert!(text.contains("flashtier_writes_total 1\n"), "{text}");
         assert!(text.contains("flashtier_latency_seconds_count{op=\"write\"} 1\n"));
+        assert!(text
+            .contains("flashtier_request_duration_seconds_bucket{op=\"write\",le=\"+Inf\"} 1\n"));
+        assert!(
+            text.contains("flashtier_request_duration_seconds_bucket{op=\"write\",le=\"10\"} 1\n")
+        );
+        assert!(text.contains(
+            "flashtier_request_duration_seconds_bucket{op=\"read\",le=\"0.000025\"} 0\n"
+        ));
         assert!(text.contains("flashtier_param{name=\"promotion\",value=\"always\"} 1\n"));
+        assert!(text.contains("flashtier_param_value{name=\"writeback_dirty_high_pct\"} 70\n"));
+        assert!(!text.contains("flashtier_param_value{name=\"promotion\""));
+        // Declared even before their value is known (no rate yet), for dashboards and rules.
+        assert!(text.contains("# TYPE flashtier_wear_days_to_rated_tbw gauge\n"));
+        assert!(!text.contains("\nflashtier_wear_days_to_rated_tbw "));
     }
 }

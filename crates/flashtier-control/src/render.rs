@@ -190,6 +190,9 @@ impl Report {
             vec!["health".into(), s.health.clone()],
             vec!["uptime".into(), fmt_duration(s.uptime_secs)],
         ];
+        if !s.version.is_empty() {
+            rows.push(vec!["version".into(), s.version.clone()]);
+        }
         if s.cache_state == "detached" {
             rows.push(vec![
                 "cache".into(),

@@ -101,6 +101,10 @@ pub struct Report {
 /// What is served and how it is doing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatusReport {
+    /// The server's version, as `flashtier --version` prints it (version, commit, build date).
+    /// Empty from a server too old to send it.
+    #[serde(default)]
+    pub version: String,
     /// The exported device, e.g. `flashtier cache over file /srv/disk.img`.
     pub device: String,
     pub size_bytes: u64,
@@ -270,7 +274,19 @@ pub struct LatencyReport {
     pub p999_us: f64,
     pub max_us: f64,
     pub sum_us: f64,
+    /// `[bound_us, requests at or below it]` for each of [`LATENCY_BUCKETS_US`], cumulative:
+    /// the Prometheus histogram's buckets (quantiles over any window, e.g.
+    /// `histogram_quantile(0.99, rate(...[5m]))`). A bucket straddling a bound (at most 1/16 of
+    /// it wide) is counted above it.
+    #[serde(default)]
+    pub buckets: Vec<[u64; 2]>,
 }
+
+/// The bounds of the Prometheus latency histogram's buckets, in microseconds: 25 µs to 10 s.
+pub const LATENCY_BUCKETS_US: [u64; 18] = [
+    25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
+    1_000_000, 2_500_000, 5_000_000, 10_000_000,
+];
 
 /// Flash wear: what this server wrote to the cache device.
 ///

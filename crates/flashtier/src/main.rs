@@ -7,17 +7,30 @@ mod confirm;
 mod ctl;
 mod demo;
 mod format;
+mod generate;
 mod integrity_cmd;
+mod notify;
 mod serve;
 mod shutdown;
 mod units;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
+
+/// What `flashtier --version` prints after the name, and what a running server reports in
+/// `flashtier status`: the crate version, the commit and the build date (recorded by build.rs).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("FLASHTIER_GIT_COMMIT"),
+    ", built ",
+    env!("FLASHTIER_BUILD_DATE"),
+    ")"
+);
 
 #[derive(Parser)]
 #[command(
     name = "flashtier",
-    version,
+    version = VERSION,
     about = "A fast, crash-safe storage cache in front of slow disks, exported as an NBD block device",
     long_about = "flashtier puts fast tiers in front of a slow store (a spinning disk, a network or \
 cloud volume, any NBD server) and exports the result over the NBD protocol, so the Linux kernel \
@@ -84,6 +97,10 @@ enum Command {
     ForgetLost(integrity_cmd::ForgetLostArgs),
     /// Work with config files (`flashtier config check FILE`).
     Config(config_cmd::ConfigArgs),
+    /// Write the man pages or shell completions made from this command line definition (for
+    /// packaging: `flashtier generate man DIR`, `flashtier generate completions DIR`).
+    #[command(hide = true)]
+    Generate(generate::GenerateArgs),
 }
 
 fn main() {
@@ -121,6 +138,7 @@ fn main() {
         Command::Scrub(args) => integrity_cmd::scrub(args),
         Command::ForgetLost(args) => integrity_cmd::forget_lost(args),
         Command::Config(args) => config_cmd::run(args),
+        Command::Generate(args) => generate::run(args, Cli::command()),
     };
     if let Err(e) = result {
         eprintln!("flashtier: error: {}", error_chain(&e));

@@ -383,6 +383,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let identity = backing_identity(&args.backing, backing.info().size)?;
     let backing_spec = args.backing.clone();
     let controller = Arc::new(Controller::new(ControllerOptions {
+        version: crate::VERSION.into(),
         dev: timed.clone(),
         cache: cache.clone(),
         latencies: timed.latencies(),
@@ -498,6 +499,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     )?;
     out.flush()?;
     drop(out);
+    // Under systemd (Type=notify): units ordered after this one start now, not before the
+    // socket accepts connections.
+    crate::notify::notify(&format!(
+        "READY=1\nSTATUS=serving {summary} on {}",
+        listener.addr()
+    ));
 
     let served = server.serve(listener).context("server failed");
     drop(server);
@@ -630,6 +637,7 @@ fn install_signal_handlers(handle: ShutdownHandle) -> anyhow::Result<()> {
                     "SIGTERM"
                 };
                 if count == 0 {
+                    crate::notify::notify("STOPPING=1\nSTATUS=stopping: answering the requests in flight, flushing, closing the cache");
                     tracing::info!(
                         "{name}: finishing in-flight requests and flushing (send again to exit \
                          immediately)"

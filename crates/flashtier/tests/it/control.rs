@@ -2,7 +2,8 @@
 //! `--watch`), `get`/`set` (validation, live effect, `--persist` into the config file and a
 //! restart reading it), `mode` (writing dirty data back with progress), `flush` (blocking,
 //! `--background`, `--cancel`, over a slow NBD backing store), `reset-stats`, the stats
-//! file and its JSON, Prometheus metrics read by the reference Python parser, `config check`,
+//! file and its JSON, Prometheus metrics (summaries and histograms) read by the reference Python
+//! parser, `config check`,
 //! a failing backing store (nbdkit's error filter: degraded, dirty data kept, background
 //! write-back retried, EIO on read misses, recovery), watermarks that would cross refused from
 //! every source and moved together by one `set`, 100 idle control connections not locking
@@ -1274,6 +1275,30 @@ fn prometheus_metrics_parse_and_match_stats_json() {
         let expected = after["latency"][op]["count"].as_u64().unwrap();
         assert!(expected >= 1);
         assert_eq!(count["value"].as_f64(), Some(expected as f64), "{op} count");
+        // The same requests as a histogram, for quantiles over a window: cumulative buckets up
+        // to +Inf, which holds them all.
+        let buckets: Vec<&Value> = samples
+            .iter()
+            .filter(|s| {
+                s["name"] == "flashtier_request_duration_seconds_bucket" && s["labels"]["op"] == op
+            })
+            .collect();
+        assert_eq!(buckets.len(), 19, "{op}: {buckets:?}");
+        assert_eq!(buckets[0]["type"], "histogram");
+        let counts: Vec<f64> = buckets
+            .iter()
+            .map(|s| s["value"].as_f64().unwrap())
+            .collect();
+        assert!(counts.windows(2).all(|w| w[0] <= w[1]), "{op}: {counts:?}");
+        let inf = buckets
+            .iter()
+            .find(|s| s["labels"]["le"] == "+Inf")
+            .unwrap();
+        assert_eq!(
+            inf["value"].as_f64(),
+            Some(expected as f64),
+            "{op} +Inf bucket"
+        );
     }
     // Anything else is not found.
     let out = run_any(Command::new("/usr/bin/python3").args([

@@ -253,6 +253,11 @@ pub struct Server {
 impl Server {
     /// Starts `flashtier serve` with `args` and waits until it listens.
     pub fn start(args: &[&str]) -> Server {
+        Server::start_with_env(args, &[])
+    }
+
+    /// [`Server::start`] with extra environment variables.
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Server {
         let logs = tempfile::tempdir().expect("tempdir");
         let stderr_path = logs.path().join("stderr.log");
         let stderr = std::fs::File::create(&stderr_path).expect("log file");
@@ -260,6 +265,7 @@ impl Server {
             .arg("serve")
             .args(args)
             .env("FLASHTIER_LOG", "info")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)

@@ -14,6 +14,7 @@ mod harness;
 mod hostile;
 mod integrity;
 mod mariadb;
+mod packaging;
 mod protocol;
 mod tls;
 mod tools;
