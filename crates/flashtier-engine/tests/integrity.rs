@@ -27,15 +27,13 @@ fn devices() -> (Arc<MemDev>, Arc<MemDev>) {
 
 /// [`devices`], the cache formatted (4 MiB segments, write-back).
 fn formatted() -> (Arc<MemDev>, Arc<MemDev>) {
+    formatted_in(Mode::WriteBack)
+}
+
+/// [`devices`], the cache formatted with 4 MiB segments in `mode`.
+fn formatted_in(mode: Mode) -> (Arc<MemDev>, Arc<MemDev>) {
     let (cdev, bdev) = devices();
-    format_cache(
-        &*cdev,
-        BACKING,
-        4 << 20,
-        Mode::WriteBack,
-        Default::default(),
-    )
-    .unwrap();
+    format_cache(&*cdev, BACKING, 4 << 20, mode, Default::default()).unwrap();
     (cdev, bdev)
 }
 
@@ -709,15 +707,7 @@ fn damage_to_a_batch_the_backing_store_relied_on_is_not_a_torn_tail() {
 /// write-through writes seen in part).
 #[test]
 fn a_write_through_write_cut_by_damage_does_not_bring_back_the_older_cached_copy() {
-    let (cdev, bdev) = devices();
-    format_cache(
-        &*cdev,
-        BACKING,
-        4 << 20,
-        Mode::WriteThrough,
-        Default::default(),
-    )
-    .unwrap();
+    let (cdev, bdev) = formatted_in(Mode::WriteThrough);
     let c = open_default(&cdev, &bdev);
     let newer = pattern(77, BS as usize);
     c.write_at(&block(5), 5 * BS, false).unwrap();
