@@ -29,5 +29,5 @@ gzip -9n "$gen"/man/*.1
 # binary does without them (a quarter of the size).
 out=$(cargo deb -p flashtier --no-build --locked --strip --quiet)
 deb=$(printf '%s\n' "$out" | grep '\.deb$' | tail -1)
-[ -f "$deb" ] || { echo "build-deb.sh: cargo deb made no package:\n$out" >&2; exit 1; }
+[ -f "$deb" ] || { printf 'build-deb.sh: cargo deb made no package:\n%s\n' "$out" >&2; exit 1; }
 echo "$deb"

@@ -817,29 +817,20 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
                 if seq_first >= durable {
                     break;
                 }
-                if seq_end > durable {
-                    // Only the records below `durable` are known to have been synced; the rest
-                    // of the gap is the torn tail, and the header after it (at or past
-                    // `durable`) would end the log anyway: it ends at `durable`.
+                // Only the records below `durable` are known to have been synced; the rest of
+                // the gap is the torn tail, and the log ends at `durable` (the header after the
+                // gap, at or past it, would end it anyway).
+                let end = seq_end.min(durable);
+                if end > seq_first {
                     tracing::error!(
                         seq_first,
-                        seq_end = durable,
+                        seq_end = end,
                         "log records lost with their headers"
                     );
                     damage.push(Damage::Unknown {
                         seq_first,
-                        seq_end: durable,
+                        seq_end: end,
                     });
-                    drop_clean(&mut state);
-                    if let Some(h) = state.segs.head.as_mut() {
-                        h.used = to;
-                    }
-                    expected = durable;
-                    break;
-                }
-                if seq_end > seq_first {
-                    tracing::error!(seq_first, seq_end, "log records lost with their headers");
-                    damage.push(Damage::Unknown { seq_first, seq_end });
                     landing_after_unknown = true;
                     // The lost records may have invalidated cached clean copies (a write that
                     // went straight to the backing store, a trim): keeping any clean block
@@ -852,7 +843,10 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
                 if let Some(h) = state.segs.head.as_mut() {
                     h.used = to;
                 }
-                expected = seq_end;
+                expected = end;
+                if end < seq_end {
+                    break;
+                }
             }
             Step::Batch {
                 at,
