@@ -56,6 +56,10 @@ const LINGER_BLOCKS: u32 = 64;
 /// After a sync, the writer waits this long for more work before it writes a note (see
 /// `Writer::write_note`): under load the next batch carries the news anyway.
 const NOTE_DELAY: Duration = Duration::from_millis(10);
+/// Record-less batches written after a sync the backing store relies on (see
+/// `Writer::write_vouch`): each vouches for it, so damage must hit every one of them, and the
+/// synced batch too, before that sync can pass for a torn tail.
+const VOUCHING_HEADERS: u32 = 2;
 /// A failed log retries after this long, doubling up to `MAX_RETRY`.
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 const MAX_RETRY: Duration = Duration::from_secs(5);
@@ -370,6 +374,8 @@ enum NoSpace {
 struct Batch {
     recs: Vec<(Record, Option<Arc<Waiter>>)>,
     data_blocks: u32,
+    /// For a batch of no records (see `BatchHeader::ordinal`).
+    ordinal: u32,
 }
 
 impl Batch {
@@ -377,6 +383,7 @@ impl Batch {
         Batch {
             recs: Vec::new(),
             data_blocks: 0,
+            ordinal: 0,
         }
     }
 
@@ -703,6 +710,7 @@ impl Writer {
             durable: self.durable,
             log: self.log_id,
             entries: batch.recs.iter().map(|(r, _)| r.entry()).collect(),
+            ordinal: batch.ordinal,
         };
         header.encode(&self.prev_own[..], &mut self.header);
         let first_slot = geo.first_slot(head.segment) + head.used;
@@ -818,6 +826,7 @@ impl Writer {
             durable: self.durable,
             log: self.log_id,
             entries: Vec::new(),
+            ordinal: 0,
         }
         .encode(&self.prev_own[..], &mut self.header);
         let slot = self.e.geo.first_slot(h.segment) + h.used;
@@ -971,6 +980,7 @@ impl Writer {
             durable: self.durable,
             log: self.log_id,
             entries: Vec::new(),
+            ordinal: 0,
         }
         .encode(&self.prev_own[..], &mut self.header);
         let slot = self.e.geo.first_slot(segment) + used;
@@ -996,10 +1006,22 @@ impl Writer {
     /// header carries `durable`), after which the log goes on. Not a note: the next batch
     /// overwrites a note, and a crash tearing that batch would take the vouching with it, so
     /// damage to the synced batch would then look like a torn tail and undo what the backing
-    /// store relied on (found by the corruption campaign). Costs one block of log per such
-    /// sync. Falls back to a note when not even the reserve has room.
+    /// store relied on (found by the corruption campaign). Two such batches, in two blocks, so
+    /// that one more fault (damage to the synced batch and to one vouching header) still leaves
+    /// a header that vouches; with one, the long campaign found that double fault bringing back
+    /// an older dirty copy over a write-through write the backing store held. Costs two blocks of
+    /// log (one more write, no more syncs) per such sync. Falls back to a note when not even the
+    /// reserve has room.
     fn write_vouch(&mut self) {
-        let _ = self.write_batch(Batch::new(), true);
+        for ordinal in 1..=VOUCHING_HEADERS {
+            let vouch = Batch {
+                ordinal,
+                ..Batch::new()
+            };
+            if self.write_batch(vouch, true).is_err() {
+                break;
+            }
+        }
         if self.note_due() {
             self.write_note();
         }

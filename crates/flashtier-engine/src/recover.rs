@@ -1155,6 +1155,7 @@ mod tests {
                     durable: seq_first,
                     log,
                     entries,
+                    ordinal: 0,
                 };
                 let prev = owns[next(owns.len() as u64) as usize];
                 h.encode(&prev, &mut block);

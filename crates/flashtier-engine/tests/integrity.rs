@@ -741,6 +741,67 @@ fn a_write_through_write_cut_by_damage_does_not_bring_back_the_older_cached_copy
     c.close().unwrap();
 }
 
+/// One fault in a write-through write's synced data and one in a header vouching for that sync:
+/// another header still vouches, so the write is damaged, not a torn tail. Its block is lost
+/// (EIO until written again: recovery cannot know whether the backing store got the write
+/// before the crash), never the older dirty copy the write superseded. Before: a single
+/// vouching header, and the long corruption campaign found this double fault bringing the older
+/// dirty copy back (which write-back would then have written over the newer data).
+#[test]
+fn damage_to_a_write_through_write_and_one_vouching_header_does_not_bring_back_the_older_copy() {
+    let older = block(5);
+    let newer = pattern(77, BS as usize);
+    let crashed = || {
+        let (cdev, bdev) = formatted();
+        let c = open_default(&cdev, &bdev);
+        c.write_at(&older, 5 * BS, false).unwrap(); // dirty: the backing store has no copy
+        c.flush().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(50)); // a note vouches for it
+        c.set_mode(Mode::WriteThrough).unwrap();
+        c.write_at(&newer, 5 * BS, false).unwrap();
+        drop(c); // crash at once: no idle note
+        let (header, data) = find_record(&cdev, 5);
+        let seq_end = headers(&cdev)
+            .into_iter()
+            .find(|(at, _)| *at == header)
+            .unwrap()
+            .1
+            .seq_end();
+        let vouching: Vec<u64> = headers(&cdev)
+            .into_iter()
+            .filter(|(_, h)| h.seq_first >= seq_end && h.durable >= seq_end)
+            .map(|(at, _)| at)
+            .collect();
+        (cdev, bdev, data, vouching)
+    };
+    let (_, _, _, vouching) = crashed();
+    assert!(
+        vouching.len() >= 2,
+        "a write-through write's sync is vouched for by {} header(s)",
+        vouching.len()
+    );
+    for i in 0..vouching.len() {
+        let (cdev, bdev, data, vouching) = crashed();
+        flip(&cdev, data + 100);
+        flip(&cdev, vouching[i] + 60);
+        let c = open_default(&cdev, &bdev);
+        assert!(
+            reported(&c, |d| matches!(d, Damage::Record { lba: 5, .. })),
+            "vouching header {i} damaged: the damaged write was taken for a torn tail: {:?}",
+            c.report()
+        );
+        match read_block(&c, 5) {
+            Err(e) => assert!(e.to_string().contains("block 5 is lost"), "{e}"),
+            Ok(got) => assert!(
+                got == newer,
+                "vouching header {i} damaged: block 5 reads its older dirty copy"
+            ),
+        }
+        assert_eq!(c.lost_ranges(), vec![(5, 1)]);
+        c.close().unwrap();
+    }
+}
+
 /// A flipped byte in the version field of one superblock copy is damage to that copy, not a
 /// newer format. Before: the whole device was refused ("cache format version 15073282 is not
 /// supported"; found by the corruption campaign).
@@ -974,7 +1035,7 @@ fn vouched_zeroes_then_writes() -> (Arc<MemDev>, Arc<MemDev>, u64, u64) {
     }
     drop(c);
     let headers = headers(&cdev);
-    let (empty_at, empty) = headers
+    let (_, empty) = headers
         .iter()
         .find(|(_, h)| h.entries.is_empty() && h.seq_first > 0)
         .expect("a batch of no records");
@@ -982,8 +1043,15 @@ fn vouched_zeroes_then_writes() -> (Arc<MemDev>, Arc<MemDev>, u64, u64) {
         .iter()
         .find(|(_, h)| h.seq_first == empty.seq_first && !h.entries.is_empty())
         .expect("the batch after it");
-    assert_eq!(*next_at, empty_at + BS, "the batch follows right after");
-    (cdev, bdev, *empty_at, *next_at)
+    // The last of the vouching batches lies right before it.
+    let empty_at = next_at - BS;
+    assert!(
+        headers
+            .iter()
+            .any(|(at, h)| *at == empty_at && h.entries.is_empty()),
+        "a batch of no records right before the next batch"
+    );
+    (cdev, bdev, empty_at, *next_at)
 }
 
 fn nothing_unknown_and_blocks_5_to_8_intact(c: Cache) {

@@ -27,6 +27,11 @@
 //!    40   8 log id: the first 8 bytes of the cache's uuid, so that a log left on the device by
 //!              an earlier cache (before a `format` or a release) is never taken for this one's
 //!    48  32*n entries
+//!    48   4 ordinal, in a header of no records only: tells apart record-less headers written
+//!              one after another (the two batches that vouch for a sync), whose other fields
+//!              are the same, so that a media fault duplicating one over its successor is seen
+//!              (see `recover`). Zero in a header of records, and in caches written before it
+//!              existed (a reader that ignores it loses only that check).
 //!  2044   4 CRC32C of bytes 0..2044
 //!  2048 2048 copy of bytes 0..2048 of the previous header (zeroes: none known)
 //! entry:
@@ -141,6 +146,8 @@ pub struct BatchHeader {
     /// Which cache wrote it (see [`log_id`]).
     pub log: u64,
     pub entries: Vec<Entry>,
+    /// Headers of no records only (zero otherwise): see the layout above.
+    pub ordinal: u32,
 }
 
 /// The log id of a cache: the first 8 bytes of its uuid.
@@ -178,6 +185,10 @@ impl BatchHeader {
     /// Encodes this header's own half into `out[..OWN_LEN]`.
     pub fn encode_own(&self, out: &mut [u8]) {
         assert!(self.entries.len() <= MAX_ENTRIES, "too many entries");
+        assert!(
+            self.entries.is_empty() || self.ordinal == 0,
+            "an ordinal in a header of records"
+        );
         let out = &mut out[..OWN_LEN];
         out.fill(0);
         out[0..8].copy_from_slice(MAGIC);
@@ -193,6 +204,9 @@ impl BatchHeader {
         le::put_u32(out, 28, self.data_blocks());
         le::put_u64(out, 32, self.durable);
         le::put_u64(out, 40, self.log);
+        if self.entries.is_empty() {
+            le::put_u32(out, ENTRIES_AT, self.ordinal);
+        }
         for (i, e) in self.entries.iter().enumerate() {
             let at = ENTRIES_AT + i * ENTRY_LEN;
             le::put_u64(out, at, e.lba);
@@ -281,6 +295,11 @@ impl BatchHeader {
             kind,
             durable: le::u64(b, 32),
             log: le::u64(b, 40),
+            ordinal: if count == 0 {
+                le::u32(b, ENTRIES_AT)
+            } else {
+                0
+            },
             entries,
         };
         if header.data_blocks() != le::u32(b, 28) {
@@ -389,7 +408,38 @@ mod tests {
                     data_crc: 0,
                 },
             ],
+            ordinal: 0,
         }
+    }
+
+    /// The two batches of no records that vouch for a sync differ only in their ordinal, at
+    /// byte 48 of the own half; a header of records has none.
+    #[test]
+    fn ordinal_of_a_header_of_no_records() {
+        let vouch = |ordinal| BatchHeader {
+            seq_first: 7,
+            epoch: 1,
+            kind: HeaderKind::Batch,
+            durable: 7,
+            log: 1,
+            entries: vec![],
+            ordinal,
+        };
+        let (mut first, mut second) = (vec![0u8; 4096], vec![0u8; 4096]);
+        vouch(1).encode(&NO_PREV, &mut first);
+        vouch(2).encode(&NO_PREV, &mut second);
+        assert_eq!(le::u32(&second, 48), 2);
+        assert_eq!(BatchHeader::decode(&second).unwrap(), vouch(2));
+        assert_ne!(first[..OWN_LEN], second[..OWN_LEN]);
+        // Written before the ordinal existed: zero.
+        let mut old = vec![0u8; 4096];
+        vouch(0).encode(&NO_PREV, &mut old);
+        assert_eq!(old[48..52], [0; 4]);
+        assert_eq!(BatchHeader::decode(&old).unwrap().ordinal, 0);
+        // In a header of records, byte 48 is the first entry's LBA, not an ordinal.
+        let mut b = vec![0u8; 4096];
+        sample().encode(&NO_PREV, &mut b);
+        assert_eq!(BatchHeader::decode(&b).unwrap().ordinal, 0);
     }
 
     /// Version-2 header bytes, field by field, and the copy of the previous header.
@@ -404,6 +454,7 @@ mod tests {
             durable: 900,
             log: 0x1234,
             entries: vec![h.entries[0]],
+            ordinal: 0,
         };
         prev.encode(&NO_PREV, &mut prev_block);
         let mut block = vec![0u8; 8192];
@@ -452,6 +503,7 @@ mod tests {
                 durable: 5,
                 log: 1,
                 entries: vec![],
+                ordinal: 0,
             };
             let mut b = vec![0u8; 4096];
             h.encode(&NO_PREV, &mut b);
