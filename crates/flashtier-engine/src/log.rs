@@ -286,7 +286,7 @@ impl Log {
         self.sync_op(system, false)
     }
 
-    /// [`Log::sync`], and a header on the device vouches for it (an empty batch, synced too): for a
+    /// [`Log::sync`], and headers on the device vouch for it (two empty batches, synced too): for a
     /// sync that something outside the log then relies on (a write to the backing store).
     /// Without it, damage to the last synced batch before a crash would look like a torn tail
     /// and recovery would end the log before it, while the backing store already holds what

@@ -985,7 +985,7 @@ fn skip_damaged(state: &mut State, e: &batch::Entry, seq: u64) -> Damage {
 /// Drops the cached clean copies of the blocks that `entries`, records past the end of the
 /// replayed log, wrote or invalidated. A write-through WRITE and an INVALIDATE (a write around
 /// the cache, a trim, zeroing) reach the backing store only after their batch was synced and
-/// vouched for; when damage hit both the batch and the header vouching for it, recovery cannot
+/// vouched for; when damage hit both the batch and every header vouching for it, recovery cannot
 /// tell that from a crash's torn tail and ends the log before them, while the backing store may
 /// already hold the newer data. After a real torn tail the clean copy equals the backing store's
 /// data, so dropping it costs a re-read, never data. (An older *dirty* copy cannot be dropped:
