@@ -222,7 +222,7 @@ pub struct WritebackReport {
 impl From<&flashtier_engine::WritebackStatus> for WritebackReport {
     fn from(w: &flashtier_engine::WritebackStatus) -> Self {
         WritebackReport {
-            state: w.state.clone(),
+            state: w.state.as_str().to_string(),
             rate_bytes_per_sec: w.rate_bytes_per_sec,
             target_blocks: w.target_blocks,
         }

@@ -405,6 +405,7 @@ impl Cache {
                 self.e
                     .log
                     .checkpoint()
+                    .map_err(io::Error::from)
                     .and_then(|()| engine::mark_clean(&self.e))
                     .map_err(EngineError::CacheIo),
             );
@@ -666,7 +667,7 @@ impl Cache {
             return Ok(());
         }
         self.append_invalidate(lba, n)?;
-        self.e.log.sync_vouched(false)
+        Ok(self.e.log.sync_vouched(false)?)
     }
 
     /// Unmaps `[lba, lba + n)` (not yet durably: sync before writing the backing store there).

@@ -62,12 +62,13 @@ pub use integrity::IntegrityError;
 pub use layout::superblock::{
     BackingIdentity, FieldDiff, IdentityCheck, IdentityField, Superblock,
 };
+pub use layout::{Corruption, Structure};
 pub use policy::{Mode, PromotionPolicy, ReclaimPolicy};
 pub use recover::{read_superblock, Damage};
 pub use scrub::{ScrubProgress, ScrubReport};
 pub use stats::StatsSnapshot;
 pub use tunables::{ParamError, ParamInfo, PARAMS};
-pub use writeback::WritebackStatus;
+pub use writeback::{WritebackState, WritebackStatus};
 
 /// Errors reading or writing the on-device format.
 #[derive(Debug, thiserror::Error)]
@@ -77,7 +78,7 @@ pub enum FormatError {
     #[error("cache format version {0} is not supported by this flashtier (it reads version {v})", v = layout::FORMAT_VERSION)]
     UnsupportedVersion(u32),
     #[error("cache metadata is damaged: {0}")]
-    Corrupt(String),
+    Corrupt(layout::Corruption),
     #[error("{0}")]
     Invalid(String),
 }

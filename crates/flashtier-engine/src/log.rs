@@ -38,6 +38,46 @@ use crate::layout::checkpoint::{Checkpoint, CheckpointEntry, LogHead};
 use crate::segments::Head;
 use crate::stats::Stats;
 
+/// Why the log did not carry out an append, a sync or a checkpoint. Callers match on it (reclaim
+/// on [`LogError::ReserveFull`]); errno appears only when it becomes an `io::Error` on its way
+/// to a client, so a real ENOSPC from the cache device is never taken for a full reserve.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LogError {
+    /// The cache is closing; nothing more is written.
+    #[error("the cache is closing")]
+    Shutdown,
+    /// Not even the reserve has a free segment for reclaim's own records: reclaim retries once a
+    /// checkpoint has freed the segments it emptied.
+    #[error("no free segment left for reclaim's records")]
+    ReserveFull,
+    /// The log failed on a cache device error and refuses work until a retry succeeds.
+    #[error(
+        "the cache device failed; the cache refuses writes and flushes until it works again \
+         (retrying)"
+    )]
+    Failed,
+    /// A cache device error (or a failed reclaim) that failed this operation.
+    #[error("{0}")]
+    Io(Arc<io::Error>),
+}
+
+impl LogError {
+    fn io(e: &io::Error) -> LogError {
+        LogError::Io(Arc::new(clone_err(e)))
+    }
+}
+
+impl From<LogError> for io::Error {
+    fn from(e: LogError) -> io::Error {
+        match e {
+            LogError::Shutdown => io::Error::from_raw_os_error(libc::ESHUTDOWN),
+            LogError::ReserveFull => io::Error::from_raw_os_error(libc::ENOSPC),
+            LogError::Failed => io::Error::other(e),
+            LogError::Io(e) => clone_err(&e),
+        }
+    }
+}
+
 /// Free segments kept back for reclaim's own records.
 pub const RESERVE: usize = 2;
 /// Most data blocks in one batch (2 MiB at 4 KiB blocks).
@@ -150,7 +190,7 @@ const DROPPED: Appended = Appended {
 
 /// Where a caller waits for its record or sync.
 pub struct Waiter {
-    result: Mutex<Option<io::Result<Appended>>>,
+    result: Mutex<Option<Result<Appended, LogError>>>,
     ready: Condvar,
 }
 
@@ -162,12 +202,12 @@ impl Waiter {
         })
     }
 
-    fn complete(&self, result: io::Result<Appended>) {
+    fn complete(&self, result: Result<Appended, LogError>) {
         *self.result.lock() = Some(result);
         self.ready.notify_one();
     }
 
-    fn wait(&self) -> io::Result<Appended> {
+    fn wait(&self) -> Result<Appended, LogError> {
         let mut r = self.result.lock();
         loop {
             if let Some(result) = r.take() {
@@ -178,7 +218,7 @@ impl Waiter {
     }
 }
 
-fn complete(w: &Option<Arc<Waiter>>, result: io::Result<Appended>) {
+fn complete(w: &Option<Arc<Waiter>>, result: Result<Appended, LogError>) {
     if let Some(w) = w {
         w.complete(result);
     }
@@ -200,7 +240,7 @@ struct Queue {
     kicked: bool,
     /// Reclaim failed: blocked client records fail with this rather than wait for space that
     /// may never come (the next ones try again).
-    reclaim_failed: Option<io::Error>,
+    reclaim_failed: Option<LogError>,
 }
 
 /// The handle callers use; the writer thread owns the rest.
@@ -222,10 +262,9 @@ impl Log {
         let mut q = self.queue.lock();
         if q.stop {
             drop(q);
-            let closed = || io::Error::from_raw_os_error(libc::ESHUTDOWN);
             match op {
-                Op::Append(_, w) | Op::Checkpoint(w) => complete(&w, Err(closed())),
-                Op::Sync(w, _) => w.complete(Err(closed())),
+                Op::Append(_, w) | Op::Checkpoint(w) => complete(&w, Err(LogError::Shutdown)),
+                Op::Sync(w, _) => w.complete(Err(LogError::Shutdown)),
             }
             return;
         }
@@ -238,12 +277,9 @@ impl Log {
         self.work.notify_one();
     }
 
-    fn check_failed(&self) -> io::Result<()> {
+    fn check_failed(&self) -> Result<(), LogError> {
         if self.failed.load(Ordering::Acquire) {
-            return Err(io::Error::other(
-                "the cache device failed; the cache refuses writes and flushes until it works \
-                 again (retrying)",
-            ));
+            return Err(LogError::Failed);
         }
         Ok(())
     }
@@ -266,7 +302,7 @@ impl Log {
     }
 
     /// Appends a record and waits until it is written and applied.
-    pub fn append(&self, rec: Record, system: bool) -> io::Result<Appended> {
+    pub fn append(&self, rec: Record, system: bool) -> Result<Appended, LogError> {
         self.check_failed()?;
         let w = Waiter::new();
         self.push(system, Op::Append(rec, Some(w.clone())));
@@ -282,7 +318,7 @@ impl Log {
     }
 
     /// Waits until everything appended before this call is durable on the cache device.
-    pub fn sync(&self, system: bool) -> io::Result<()> {
+    pub fn sync(&self, system: bool) -> Result<(), LogError> {
         self.sync_op(system, false)
     }
 
@@ -291,11 +327,11 @@ impl Log {
     /// Without it, damage to the last synced batch before a crash would look like a torn tail
     /// and recovery would end the log before it, while the backing store already holds what
     /// followed it: a write seen in part, or an INVALIDATE undone over newer backing data.
-    pub fn sync_vouched(&self, system: bool) -> io::Result<()> {
+    pub fn sync_vouched(&self, system: bool) -> Result<(), LogError> {
         self.sync_op(system, true)
     }
 
-    fn sync_op(&self, system: bool, vouch: bool) -> io::Result<()> {
+    fn sync_op(&self, system: bool, vouch: bool) -> Result<(), LogError> {
         self.check_failed()?;
         let w = Waiter::new();
         self.push(system, Op::Sync(w.clone(), vouch));
@@ -303,7 +339,7 @@ impl Log {
     }
 
     /// Writes a checkpoint (after making the log durable) and waits for it.
-    pub fn checkpoint(&self) -> io::Result<()> {
+    pub fn checkpoint(&self) -> Result<(), LogError> {
         self.check_failed()?;
         let w = Waiter::new();
         self.push(true, Op::Checkpoint(Some(w.clone())));
@@ -322,7 +358,7 @@ impl Log {
 
     /// Reclaim could not free space: fails the client records waiting for it.
     pub fn reclaim_failed(&self, err: &io::Error) {
-        self.queue.lock().reclaim_failed = Some(clone_err(err));
+        self.queue.lock().reclaim_failed = Some(LogError::io(err));
         self.work.notify_one();
     }
 
@@ -453,8 +489,17 @@ impl Writer {
                         // Waiting would hang them: the space they wait for may never come.
                         let err = reclaim_failed
                             .unwrap_or_else(|| log.check_failed().expect_err("the log failed"));
-                        let blocked: Vec<Op> = self.client_pending.drain(..).collect();
-                        self.fail_ops(blocked, &err);
+                        // Syncs among them are carried out, not failed with reclaim's error:
+                        // they promise only acknowledged records, and a FLUSH must learn from
+                        // the device itself whether it holds them (found as a flaky test: a
+                        // FLUSH failed with the backing store's EIO, and the dead cache device
+                        // went unnoticed).
+                        let (syncs, blocked): (VecDeque<Op>, VecDeque<Op>) = self
+                            .client_pending
+                            .drain(..)
+                            .partition(|op| matches!(op, Op::Sync(..)));
+                        self.fail_ops(blocked.into(), &err);
+                        self.client_pending = syncs;
                         self.client_blocked = false;
                     }
                     let client_ready = !self.client_blocked
@@ -538,7 +583,7 @@ impl Writer {
                     result = self.sync_device();
                 }
                 for (w, _) in &wants_sync {
-                    w.complete(result.as_ref().map(|_| DROPPED).map_err(clone_err));
+                    w.complete(result.as_ref().map(|_| DROPPED).map_err(LogError::io));
                 }
             }
             if wants_checkpoint.is_empty() && self.checkpoint_due() {
@@ -549,12 +594,12 @@ impl Writer {
                 if let Err(e) = &result {
                     tracing::error!(error = %e, "checkpoint failed");
                 }
-                complete(&w, result.map(|()| DROPPED));
+                complete(&w, result.map(|()| DROPPED).map_err(|e| LogError::io(&e)));
             }
             if stop {
                 // Records still waiting for space when the cache closes will not get it.
                 let leftover: Vec<Op> = self.client_pending.drain(..).collect();
-                self.fail_ops(leftover, &io::Error::from_raw_os_error(libc::ESHUTDOWN));
+                self.fail_ops(leftover, &LogError::Shutdown);
                 let q = self.e.log.queue.lock();
                 if q.client.is_empty() && q.system.is_empty() {
                     return;
@@ -564,15 +609,15 @@ impl Writer {
     }
 
     /// Completes ops that will not be carried out with `err`.
-    fn fail_ops(&self, ops: Vec<Op>, err: &io::Error) {
+    fn fail_ops(&self, ops: Vec<Op>, err: &LogError) {
         for op in ops {
             match op {
                 Op::Append(r, w) => {
                     self.release_promotion(&r);
-                    complete(&w, Err(clone_err(err)));
+                    complete(&w, Err(err.clone()));
                 }
-                Op::Sync(w, _) => w.complete(Err(clone_err(err))),
-                Op::Checkpoint(w) => complete(&w, Err(clone_err(err))),
+                Op::Sync(w, _) => w.complete(Err(err.clone())),
+                Op::Checkpoint(w) => complete(&w, Err(err.clone())),
             }
         }
     }
@@ -690,14 +735,14 @@ impl Writer {
                 tracing::debug!("no free segment for reclaim's records");
                 for (r, w) in &batch.recs {
                     self.release_promotion(r);
-                    complete(w, Err(io::Error::from_raw_os_error(libc::ENOSPC)));
+                    complete(w, Err(LogError::ReserveFull));
                 }
                 return Ok(());
             }
             Err(NoSpace::Failed(e)) => {
                 for (r, w) in &batch.recs {
                     self.release_promotion(r);
-                    complete(w, Err(clone_err(&e)));
+                    complete(w, Err(LogError::io(&e)));
                 }
                 return Ok(());
             }
@@ -732,7 +777,7 @@ impl Writer {
             self.abandon_segment_after_failure(head);
             for (r, w) in &batch.recs {
                 self.release_promotion(r);
-                complete(w, Err(clone_err(&e)));
+                complete(w, Err(LogError::io(&e)));
             }
             return Ok(());
         }
@@ -872,10 +917,12 @@ impl Writer {
     /// Tries to bring a failed log back (see the module documentation); on failure the log
     /// stays failed and the next try comes after a longer wait.
     fn try_recover(&mut self) {
-        // Appends queue up meanwhile and are handled after this (failed again if it fails).
-        self.log().failed.store(false, Ordering::Release);
+        // The log stays failed until the recovery worked: `status` must not flicker to healthy
+        // during each try (found as a flaky test), and appends queue up meanwhile and are
+        // handled after this (failed again if it fails).
         match self.recover_log() {
             Ok(()) => {
+                self.log().failed.store(false, Ordering::Release);
                 self.retry = FIRST_RETRY;
                 *self.log().failure.lock() = None;
                 Stats::add(&self.e.stats.log_recoveries, 1);
@@ -932,6 +979,11 @@ impl Writer {
 
     fn sync_device(&mut self) -> io::Result<()> {
         self.log().check_failed()?;
+        self.flush_device()
+    }
+
+    /// [`Writer::sync_device`] without refusing a failed log: for recovering it.
+    fn flush_device(&mut self) -> io::Result<()> {
         let result = self.e.cache.flush();
         Stats::add(&self.e.stats.cache_syncs, 1);
         match &result {
@@ -1034,9 +1086,10 @@ impl Writer {
         self.write_checkpoint_now()
     }
 
+    /// Also what brings a failed log back ([`Writer::recover_log`]), so it does not refuse one.
     fn write_checkpoint_now(&mut self) -> io::Result<()> {
         // The snapshot may only reference records that are durable.
-        self.sync_device()?;
+        self.flush_device()?;
         let geo = self.e.geo;
         let number = self.checkpoint_number + 1;
         let (ckpt, quarantined) = {
@@ -1080,7 +1133,7 @@ impl Writer {
         }
         Stats::add(&self.e.stats.cache_writes, 1);
         Stats::add(&self.e.stats.cache_write_bytes, buf.len() as u64);
-        self.sync_device()?;
+        self.flush_device()?;
         self.checkpoint_number = number;
         self.checkpointed_seq = self.next_seq;
         self.last_checkpoint = Instant::now();

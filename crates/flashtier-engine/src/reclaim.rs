@@ -24,7 +24,7 @@ use crate::cleaner::{self, DirtyBlock};
 use crate::engine::Engine;
 use crate::integrity::{self, Verdict};
 use crate::layout::batch::Kind;
-use crate::log::{Record, RESERVE};
+use crate::log::{LogError, Record, RESERVE};
 use crate::policy::ReclaimPolicy;
 use crate::stats::Stats;
 
@@ -257,14 +257,10 @@ fn max_dirty_blocks(e: &Engine) -> u64 {
 /// Copies `blocks` forward; running out of room is not an error (what did not move is then
 /// written back or evicted like the rest of the victim).
 fn copy_forward_unless_full(e: &Engine, victim: u32, blocks: &[DirtyBlock]) -> io::Result<()> {
-    match move_forward(e, blocks) {
-        Ok(()) => Ok(()),
-        Err(err) if err.raw_os_error() == Some(libc::ENOSPC) => {
-            tracing::debug!(segment = victim, "no room to copy blocks forward");
-            Ok(())
-        }
-        Err(err) => Err(err),
+    if move_forward(e, blocks)? == Moved::OutOfRoom {
+        tracing::debug!(segment = victim, "no room to copy blocks forward");
     }
+    Ok(())
 }
 
 /// Reads the slots from `first` on (one segment's) into `buf` in one request and checks `blocks`
@@ -306,13 +302,13 @@ fn read_span(
 /// Copies blocks into the log head as MOVE records (clean or dirty: a moved block keeps its
 /// state) (applied only where the block still
 /// lives in the victim).
-fn move_forward(e: &Engine, blocks: &[DirtyBlock]) -> io::Result<()> {
+fn move_forward(e: &Engine, blocks: &[DirtyBlock]) -> io::Result<Moved> {
     let bs = e.geo.block_size as usize;
     let max = (e.atomic_bytes as usize / bs).max(1);
     let mut sorted = blocks.to_vec();
     sorted.sort_unstable_by_key(|b| b.slot);
     let (Some(first), Some(last)) = (sorted.first().copied(), sorted.last().copied()) else {
-        return Ok(());
+        return Ok(Moved::All);
     };
     // The blocks lie in one victim segment: one large sequential read of the span holding them
     // costs far less than a read per scattered block (measured: a quarter of the server's CPU
@@ -346,12 +342,24 @@ fn move_forward(e: &Engine, blocks: &[DirtyBlock]) -> io::Result<()> {
         // (the log applies in order). One that fails leaves its blocks in the victim, which then
         // is not quarantined and is retried.
         if j == sorted.len() {
-            e.log.append(rec, true)?;
+            match e.log.append(rec, true) {
+                Ok(_) => {}
+                Err(LogError::ReserveFull) => return Ok(Moved::OutOfRoom),
+                Err(err) => return Err(err.into()),
+            }
         } else {
             e.log.append_async(rec, true);
         }
         Stats::add(&e.stats.moved_blocks, run.len() as u64);
         i = j;
     }
-    Ok(())
+    Ok(Moved::All)
+}
+
+/// Whether the log took every record [`move_forward`] queued.
+#[derive(Debug, PartialEq, Eq)]
+enum Moved {
+    All,
+    /// The reserve ran out: what did not move is written back or evicted with the victim.
+    OutOfRoom,
 }

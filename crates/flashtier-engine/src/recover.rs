@@ -43,7 +43,7 @@ use crate::index::Index;
 use crate::layout::batch::{self, BatchHeader, HeaderKind, Kind, OWN_LEN};
 use crate::layout::checkpoint::{self, Checkpoint, CheckpointHeader};
 use crate::layout::superblock::{self, Superblock};
-use crate::layout::Geometry;
+use crate::layout::{Corruption, Geometry};
 use crate::lost::LostSet;
 use crate::segments::{Head, Segments};
 use crate::state::State;
@@ -130,12 +130,10 @@ pub fn read_superblock_checked(
     let (a, b) = buf.split_at(superblock::LEN);
     let sb = Superblock::choose(a, b)?;
     if sb.geometry.used_size() > dev.info().size {
-        return Err(FormatError::Corrupt(format!(
-            "the superblock describes {} bytes but the device has only {}",
-            sb.geometry.used_size(),
-            dev.info().size
-        ))
-        .into());
+        return Err(corrupt(Corruption::DeviceTooSmall {
+            described: sb.geometry.used_size(),
+            device: dev.info().size,
+        }));
     }
     let damage = [a, b]
         .iter()
@@ -188,8 +186,8 @@ pub struct Recovered {
     pub elapsed: std::time::Duration,
 }
 
-fn corrupt(msg: String) -> EngineError {
-    FormatError::Corrupt(msg).into()
+fn corrupt(why: Corruption) -> EngineError {
+    FormatError::Corrupt(why).into()
 }
 
 /// The newest checkpoint that checks out, and what was wrong with the other slot (a slot never
@@ -231,7 +229,7 @@ pub fn load_checkpoint(
         let mut buf = AlignedBuf::zeroed(len);
         let body = dev
             .read_at(&mut buf, geo.checkpoint_slot_offset(slot))
-            .map_err(|e| FormatError::Corrupt(format!("read failed: {e}")))
+            .map_err(|e| FormatError::Corrupt(Corruption::Unreadable(e.into())))
             .and_then(|()| Checkpoint::decode_body(&h, &buf[checkpoint::HEADER_LEN..]));
         match body {
             Ok(c) => return Ok((c, damage)),
@@ -241,13 +239,8 @@ pub fn load_checkpoint(
             }),
         }
     }
-    Err(corrupt(format!(
-        "no valid checkpoint ({})",
-        damage
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("; ")
+    Err(corrupt(Corruption::NoValidCheckpoint(
+        damage.iter().map(ToString::to_string).collect(),
     )))
 }
 
@@ -1040,13 +1033,13 @@ fn state_from_checkpoint(geo: &Geometry, c: &Checkpoint) -> Result<State, Engine
     let mut seen = vec![false; count as usize];
     for &s in &c.free {
         if s >= count || std::mem::replace(&mut seen[s as usize], true) {
-            return Err(corrupt(format!("checkpoint free list has bad segment {s}")));
+            return Err(corrupt(Corruption::BadFreeSegment(s)));
         }
     }
     let mut segs = Segments::with_free(count, bps, c.free.clone());
     if let Some(h) = c.open {
         if h.segment >= count || h.used > bps || seen[h.segment as usize] {
-            return Err(corrupt(format!("checkpoint log head is impossible: {h:?}")));
+            return Err(corrupt(Corruption::ImpossibleHead(h)));
         }
         segs.set_head(Head {
             segment: h.segment,
@@ -1057,12 +1050,10 @@ fn state_from_checkpoint(geo: &Geometry, c: &Checkpoint) -> Result<State, Engine
     let mut crcs = vec![0u32; geo.slot_count() as usize];
     for e in &c.entries {
         if e.slot >= geo.slot_count() || e.lba > Index::MAX_LBA {
-            return Err(corrupt(format!("checkpoint entry out of range: {e:?}")));
+            return Err(corrupt(Corruption::EntryOutOfRange(*e)));
         }
         if index.slot(e.slot).is_some() || index.get(e.lba).is_some() {
-            return Err(corrupt(format!(
-                "checkpoint maps a slot or block twice: {e:?}"
-            )));
+            return Err(corrupt(Corruption::MappedTwice(*e)));
         }
         index.insert(e.lba, e.slot, e.dirty);
         crcs[e.slot as usize] = e.crc;
@@ -1074,9 +1065,7 @@ fn state_from_checkpoint(geo: &Geometry, c: &Checkpoint) -> Result<State, Engine
             .is_none_or(|end| end > Index::MAX_LBA + 1)
             || n == 0
         {
-            return Err(corrupt(format!(
-                "checkpoint lost range out of range: {lba}+{n}"
-            )));
+            return Err(corrupt(Corruption::LostRangeOutOfRange { lba, blocks: n }));
         }
     }
     let mut state = State::new(index, segs);

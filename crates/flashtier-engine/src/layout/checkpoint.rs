@@ -25,7 +25,7 @@
 //!   lost:      16 bytes per range of lost blocks: first LBA u64, block count u64
 //! ```
 
-use super::{le, FORMAT_VERSION};
+use super::{le, Corruption, Structure, FORMAT_VERSION};
 use crate::FormatError;
 
 pub const MAGIC: &[u8; 8] = b"FLTCKPT\0";
@@ -128,16 +128,16 @@ impl Checkpoint {
 
     pub fn decode_header(h: &[u8]) -> Result<CheckpointHeader, FormatError> {
         if h.len() < HEADER_LEN || &h[0..8] != MAGIC {
-            return Err(FormatError::Corrupt("no checkpoint".into()));
+            return Err(FormatError::Corrupt(Corruption::NoCheckpoint));
         }
         let version = le::u32(h, 8);
         if version != FORMAT_VERSION {
             return Err(FormatError::UnsupportedVersion(version));
         }
         if crc32c::crc32c(&h[..HEADER_LEN - 4]) != le::u32(h, HEADER_LEN - 4) {
-            return Err(FormatError::Corrupt(
-                "checkpoint header checksum mismatch".into(),
-            ));
+            return Err(FormatError::Corrupt(Corruption::Checksum(
+                Structure::CheckpointHeader,
+            )));
         }
         let seg = le::u32(h, 40);
         let header = CheckpointHeader {
@@ -160,9 +160,7 @@ impl Checkpoint {
             .and_then(|n| n.checked_mul(ENTRY_LEN))
             .and_then(|n| n.checked_add(header.free_count as u64 * 4));
         if expected_len != Some(header.body_len) {
-            return Err(FormatError::Corrupt(
-                "checkpoint body length is inconsistent".into(),
-            ));
+            return Err(FormatError::Corrupt(Corruption::CheckpointBodyLength));
         }
         Ok(header)
     }
@@ -172,11 +170,13 @@ impl Checkpoint {
     pub fn decode_body(header: &CheckpointHeader, body: &[u8]) -> Result<Checkpoint, FormatError> {
         let body = body
             .get(..header.body_len as usize)
-            .ok_or_else(|| FormatError::Corrupt("checkpoint body is truncated".into()))?;
+            .ok_or(FormatError::Corrupt(Corruption::Truncated(
+                Structure::CheckpointBody,
+            )))?;
         if crc32c::crc32c(body) != header.body_crc {
-            return Err(FormatError::Corrupt(
-                "checkpoint body checksum mismatch".into(),
-            ));
+            return Err(FormatError::Corrupt(Corruption::Checksum(
+                Structure::CheckpointBody,
+            )));
         }
         let free_bytes = header.free_count as usize * 4;
         let free = body[..free_bytes]

@@ -21,6 +21,68 @@ pub mod superblock;
 
 use crate::FormatError;
 
+use checkpoint::{CheckpointEntry, LogHead};
+
+/// What is wrong with damaged cache metadata: a typed reason, so that callers (recovery's
+/// choice between two copies, `format`'s refusal, tests) match on it rather than on text.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Corruption {
+    #[error("{0} is truncated")]
+    Truncated(Structure),
+    #[error("{0} checksum mismatch")]
+    Checksum(Structure),
+    #[error("no checkpoint")]
+    NoCheckpoint,
+    #[error("no valid checkpoint ({})", .0.join("; "))]
+    NoValidCheckpoint(Vec<String>),
+    #[error("checkpoint body length is inconsistent")]
+    CheckpointBodyLength,
+    #[error("checkpoint slot unreadable: {0}")]
+    Unreadable(std::sync::Arc<std::io::Error>),
+    #[error("backing fingerprint: {0}")]
+    Fingerprint(&'static str),
+    #[error("backing identity too long")]
+    IdentityTooLong,
+    #[error("backing identity is not UTF-8")]
+    IdentityNotUtf8,
+    #[error("superblock geometry is inconsistent: {0:?}")]
+    Geometry(Geometry),
+    #[error("the superblock describes {described} bytes but the device has only {device}")]
+    DeviceTooSmall { described: u64, device: u64 },
+    #[error("unknown mode {0}")]
+    UnknownMode(u8),
+    #[error("unknown reclaim policy {0}")]
+    UnknownReclaimPolicy(u8),
+    #[error("checkpoint free list has bad segment {0}")]
+    BadFreeSegment(u32),
+    #[error("checkpoint log head is impossible: {0:?}")]
+    ImpossibleHead(LogHead),
+    #[error("checkpoint entry out of range: {0:?}")]
+    EntryOutOfRange(CheckpointEntry),
+    #[error("checkpoint maps a slot or block twice: {0:?}")]
+    MappedTwice(CheckpointEntry),
+    #[error("checkpoint lost range out of range: {lba}+{blocks}")]
+    LostRangeOutOfRange { lba: u64, blocks: u64 },
+}
+
+/// A structure of the on-device format, as [`Corruption`] names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Structure {
+    Superblock,
+    CheckpointHeader,
+    CheckpointBody,
+}
+
+impl std::fmt::Display for Structure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Structure::Superblock => "superblock",
+            Structure::CheckpointHeader => "checkpoint header",
+            Structure::CheckpointBody => "checkpoint body",
+        })
+    }
+}
+
 /// The format this code writes and the only one it reads.
 pub const FORMAT_VERSION: u32 = 2;
 

@@ -32,7 +32,7 @@
 
 pub use flashtier_io::identity::IdentityField;
 
-use super::{le, Geometry, FORMAT_VERSION, META_BLOCK};
+use super::{le, Corruption, Geometry, Structure, FORMAT_VERSION, META_BLOCK};
 use crate::policy::{Mode, ReclaimPolicy};
 use crate::FormatError;
 
@@ -176,7 +176,7 @@ fn valid_key(k: &[u8]) -> bool {
 }
 
 fn decode_fingerprint(b: &[u8]) -> Result<Vec<IdentityField>, FormatError> {
-    let bad = |why: &str| Err(FormatError::Corrupt(format!("backing fingerprint: {why}")));
+    let bad = |why| Err(FormatError::Corrupt(Corruption::Fingerprint(why)));
     let count = le::u16(b, FINGERPRINT_AT) as usize;
     if count > MAX_FIELDS {
         return bad("too many fields");
@@ -265,7 +265,9 @@ impl Superblock {
 
     pub fn decode(b: &[u8]) -> Result<Superblock, FormatError> {
         if b.len() < LEN {
-            return Err(FormatError::Corrupt("superblock is truncated".into()));
+            return Err(FormatError::Corrupt(Corruption::Truncated(
+                Structure::Superblock,
+            )));
         }
         if &b[0..8] != MAGIC {
             return Err(FormatError::NotACache);
@@ -280,14 +282,16 @@ impl Superblock {
             return Err(FormatError::UnsupportedVersion(version));
         }
         if !crc_ok {
-            return Err(FormatError::Corrupt("superblock checksum mismatch".into()));
+            return Err(FormatError::Corrupt(Corruption::Checksum(
+                Structure::Superblock,
+            )));
         }
         let id_len = le::u16(b, 120) as usize;
         if id_len > MAX_IDENTITY {
-            return Err(FormatError::Corrupt("backing identity too long".into()));
+            return Err(FormatError::Corrupt(Corruption::IdentityTooLong));
         }
         let name = std::str::from_utf8(&b[122..122 + id_len])
-            .map_err(|_| FormatError::Corrupt("backing identity is not UTF-8".into()))?
+            .map_err(|_| FormatError::Corrupt(Corruption::IdentityNotUtf8))?
             .to_string();
         let fingerprint = decode_fingerprint(b)?;
         let geometry = Geometry {
@@ -316,9 +320,7 @@ impl Superblock {
                 .checked_used_size()
                 .is_some_and(|used| used <= device_size);
         if !sane {
-            return Err(FormatError::Corrupt(format!(
-                "superblock geometry is inconsistent: {geometry:?}"
-            )));
+            return Err(FormatError::Corrupt(Corruption::Geometry(geometry)));
         }
         Ok(Superblock {
             generation: le::u64(b, 16),
@@ -333,10 +335,10 @@ impl Superblock {
             epoch: le::u64(b, 96),
             created: le::u64(b, 104),
             default_mode: Mode::from_u8(b[112])
-                .ok_or_else(|| FormatError::Corrupt(format!("unknown mode {}", b[112])))?,
-            reclaim: ReclaimPolicy::from_u8(b[113]).ok_or_else(|| {
-                FormatError::Corrupt(format!("unknown reclaim policy {}", b[113]))
-            })?,
+                .ok_or(FormatError::Corrupt(Corruption::UnknownMode(b[112])))?,
+            reclaim: ReclaimPolicy::from_u8(b[113]).ok_or(FormatError::Corrupt(
+                Corruption::UnknownReclaimPolicy(b[113]),
+            ))?,
             clean_shutdown: le::u32(b, 12) & FLAG_CLEAN != 0,
         })
     }

@@ -62,12 +62,57 @@ pub(crate) const MAX_RUNS_PER_PASS: usize = 256;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
+/// What the background cleaner is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WritebackState {
+    /// Not in write-back mode.
+    #[default]
+    Off,
+    /// Nothing to write back.
+    Idle,
+    /// Dirty data above the high watermark: draining to the low one at full speed.
+    Watermark,
+    /// The backing store has been idle for `writeback_idle_delay_ms`: draining while it is.
+    BackingIdle,
+    /// Blocks older than `writeback_max_age_secs`.
+    Age,
+    /// The rate controller drains towards its target.
+    Controller,
+    /// The last pass failed; backing off before the next.
+    Retrying,
+}
+
+impl WritebackState {
+    /// The name `status`, the stats file and metrics show.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WritebackState::Off => "off",
+            WritebackState::Idle => "idle",
+            WritebackState::Watermark => "watermark",
+            WritebackState::BackingIdle => "backing-idle",
+            WritebackState::Age => "age",
+            WritebackState::Controller => "controller",
+            WritebackState::Retrying => "retrying",
+        }
+    }
+}
+
+impl std::fmt::Display for WritebackState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for WritebackState {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 /// What the cleaner is doing, for `status`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct WritebackStatus {
-    /// `off` (not write-back mode), `idle` (nothing to do), `watermark`, `backing-idle`, `age`,
-    /// `controller`, or `retrying` (the last pass failed; backing off).
-    pub state: String,
+    pub state: WritebackState,
     /// The controller's current rate (bytes/s; 0 when it is not running).
     pub rate_bytes_per_sec: u64,
     /// The controller's target in blocks.
@@ -151,9 +196,9 @@ pub(crate) fn stop(e: &Engine) {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Plan {
     /// Nothing to write back (`state` says why).
-    Nothing(&'static str),
+    Nothing(WritebackState),
     Pass {
-        state: &'static str,
+        state: WritebackState,
         /// Bytes per second, `None` = as fast as it goes.
         rate: Option<f64>,
         /// Only blocks written before this second of engine uptime (max age).
@@ -224,11 +269,11 @@ impl Cleaner {
         }
     }
 
-    fn publish(&self, e: &Engine, state: &'static str) {
+    fn publish(&self, e: &Engine, state: WritebackState) {
         let target = target_blocks(e);
         let mut st = e.writeback_status.lock();
-        st.state = state.to_string();
-        st.rate_bytes_per_sec = if state == "controller" {
+        st.state = state;
+        st.rate_bytes_per_sec = if state == WritebackState::Controller {
             self.pi.rate() as u64
         } else {
             0
@@ -243,7 +288,7 @@ impl Cleaner {
             self.draining = false;
             self.pi.reset();
             self.last_update = None;
-            return Plan::Nothing("off");
+            return Plan::Nothing(WritebackState::Off);
         }
         let (dirty, oldest) = {
             let st = e.state.read();
@@ -288,7 +333,7 @@ impl Cleaner {
         }
 
         if dirty == 0 {
-            return Plan::Nothing("idle");
+            return Plan::Nothing(WritebackState::Idle);
         }
         let high = pct(t.writeback_high_pct());
         let low = pct(t.writeback_low_pct());
@@ -297,7 +342,7 @@ impl Cleaner {
         }
         if self.draining && dirty > low {
             return Plan::Pass {
-                state: "watermark",
+                state: WritebackState::Watermark,
                 rate: None,
                 written_before: None,
                 yield_to_foreground: false,
@@ -308,7 +353,7 @@ impl Cleaner {
         if let Some(delay) = t.writeback_idle_delay_ms() {
             if e.backing_idle_ms() >= delay as u64 {
                 return Plan::Pass {
-                    state: "backing-idle",
+                    state: WritebackState::BackingIdle,
                     rate: cap,
                     written_before: None,
                     yield_to_foreground: true,
@@ -321,7 +366,7 @@ impl Cleaner {
             let before = e.now_secs().saturating_sub(age);
             if oldest.is_some_and(|o| o < before) {
                 return Plan::Pass {
-                    state: "age",
+                    state: WritebackState::Age,
                     rate: cap,
                     written_before: Some(before),
                     yield_to_foreground: true,
@@ -332,14 +377,14 @@ impl Cleaner {
         let target = target_blocks(e);
         if t.writeback_pi() && self.pi.rate() > 0.0 && dirty > target {
             return Plan::Pass {
-                state: "controller",
+                state: WritebackState::Controller,
                 rate: Some(self.pi.rate()),
                 written_before: None,
                 yield_to_foreground: true,
                 limit: Some(dirty - target),
             };
         }
-        Plan::Nothing("idle")
+        Plan::Nothing(WritebackState::Idle)
     }
 
     /// Runs one pass if the token bucket allows; returns how long to wait before the next plan
@@ -427,7 +472,7 @@ impl Cleaner {
                 if backing {
                     Stats::add(&e.stats.writeback_retries, 1);
                 }
-                e.writeback_status.lock().state = "retrying".into();
+                e.writeback_status.lock().state = WritebackState::Retrying;
                 let wait = self.backoff;
                 self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
                 if !wait_unless_stopped(e, wait, false) {
