@@ -42,8 +42,8 @@ device.\n\nStart with `flashtier demo`, then `flashtier serve --help`. While a s
 )]
 struct Cli {
     /// Log filter for messages on stderr: error, warn, info, debug, trace, or per-module
-    /// directives such as `flashtier_nbd=debug`. [default: info for `serve` and `format`; warn
-    /// for the others, whose answers go to stdout]
+    /// directives such as `flashtier_nbd=debug`. [default: info for `serve`, `format` and
+    /// `probe`; warn for the others, whose answers go to stdout]
     #[arg(long, global = true, env = "FLASHTIER_LOG")]
     log: Option<String>,
 

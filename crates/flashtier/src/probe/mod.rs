@@ -46,16 +46,13 @@ const QUICK_STEP: Duration = Duration::from_millis(200);
 const QUICK_SIZE: u64 = 64 << 20;
 
 #[derive(Args, Debug)]
-#[command(after_long_help = "\
-Every part runs for about a second (the sustained run --seconds), so a probe takes about \
-10 s plus --seconds. The table goes to stdout (or the JSON with --json), progress to stderr. \
-Exit status: 0 when the probe ran, whatever the verdict (read it from the output); 1 when it \
-could not (refused, no space, an I/O error, interrupted).")]
+#[command(after_long_help = long_help())]
 pub struct ProbeArgs {
     /// What to probe: a directory (a scratch file of --size is created in it, with an
     /// unpredictable name, and removed afterwards), a file path that does not exist (created as
-    /// the scratch file and removed afterwards), or an existing file or block device (only with
-    /// --destructive when it holds data: its contents are overwritten).
+    /// the scratch file and removed afterwards), an existing file (only with --destructive: it
+    /// is overwritten), or a block device (with --destructive when it holds data: the tests
+    /// overwrite its start).
     #[arg(value_name = "PATH")]
     pub path: PathBuf,
 
@@ -86,6 +83,28 @@ pub struct ProbeArgs {
     /// Also draw the sustained run's per-second IOPS and p99 latency as a PNG chart in FILE.
     #[arg(long, value_name = "FILE.png")]
     pub plot: Option<PathBuf>,
+}
+
+/// What `--help` says after the options: the tests, the verdict's rules (from its constants),
+/// output and exit status.
+fn long_help() -> String {
+    format!(
+        "What it measures, in this order: sequential write MB/s (1 MiB O_DIRECT writes, then \
+         fdatasync; at least 64 MiB, which the random tests then spread over); the latency (p50, \
+         p99, max) at QD1 of a 4K write followed by fsync, by fdatasync, through an O_DSYNC \
+         descriptor, and through an O_DIRECT|O_DSYNC one (a FUA write where the device has FUA); \
+         4K O_DIRECT random read and write IOPS at QD1 and at QD{qd} ({qd} threads); then the \
+         sustained 4K random write run at QD{qd}, second by second. Each test but the last runs \
+         for about a second, so a probe takes about 10 s plus --seconds. It also reads what \
+         sysfs says of the device (for a file, of the disk under its filesystem): rotational, \
+         write cache, FUA, discard, model.\n\n{rules}\n\nThe table goes to stdout (or the \
+         JSON with --json), progress to stderr. Ctrl-C stops at the next I/O and removes the \
+         scratch file (a second Ctrl-C exits at once). Exit status: 0 when the probe ran, \
+         whatever the verdict (read it from the output); 1 when it could not (refused, no \
+         space, an I/O error, interrupted).",
+        qd = measure::QD,
+        rules = verdict::rules_text()
+    )
 }
 
 /// Sets a flag at the first SIGINT/SIGTERM (the tests stop at the next I/O and the scratch file
@@ -136,6 +155,10 @@ fn probe(target: &target::Target, plan: &Plan) -> anyhow::Result<Outcome> {
 }
 
 pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        args.plot.is_none() || args.seconds > 0,
+        "--plot draws the sustained run: give --seconds 1 or more"
+    );
     let target = target::open(&args.path, args.size, args.destructive)?;
     let plan = Plan {
         step: Duration::from_secs(1),
@@ -164,10 +187,6 @@ pub fn run(args: ProbeArgs) -> anyhow::Result<()> {
         print!("{}", report::text(&probed));
     }
     if let Some(png) = &args.plot {
-        anyhow::ensure!(
-            !o.m.timeline.is_empty(),
-            "--plot draws the sustained run: give --seconds 1 or more"
-        );
         plot::write(png, &o.m.timeline, verdict::DIP_FRACTION)?;
         tracing::info!("timeline drawn in {}", png.display());
     }

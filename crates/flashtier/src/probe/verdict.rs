@@ -21,10 +21,11 @@ const UNFIT_FLUSH_US: f64 = 20_000.0;
 /// faster than this on a device reporting such a cache (and not RAM) probably never reached
 /// stable media: a hypervisor's cache=unsafe, or a drive that ignores FLUSH.
 const SUSPICIOUS_FLUSH_US: f64 = 60.0;
-/// A spinning disk's 4K random read at QD1 costs a seek and half a turn (≥ 5 ms: ≤ 200/s).
-/// Ten times that cannot be a disk: the rotational flag is then a driver's default (virtio-blk
-/// reports 1 unless told otherwise), not a fact.
-const ROTATIONAL_MAX_READ_IOPS: f64 = 2_000.0;
+/// A spinning disk's 4K random read at QD1 costs a seek and half a turn (≥ 5 ms: ≤ 200/s;
+/// short-stroked, with its own cache helping, a few hundred). Beyond 1000 it cannot be a disk:
+/// the rotational flag is then a driver's default (virtio-blk reports 1 unless told
+/// otherwise), not a fact.
+const ROTATIONAL_MAX_READ_IOPS: f64 = 1_000.0;
 /// A cache hit must be much faster than the slow store's miss: below 1000 reads/s at QD1
 /// (1 ms each) it is hardly faster than a network volume.
 const LOW_READ_QD1_IOPS: f64 = 1_000.0;
@@ -67,6 +68,28 @@ pub struct Verdict {
     pub reasons: Vec<String>,
     /// Facts worth knowing that do not change the level.
     pub notes: Vec<String>,
+}
+
+/// The rules [`judge`] applies, for `flashtier probe --help`.
+pub fn rules_text() -> String {
+    format!(
+        "The verdict for a write-back cache device is ok, warn or unfit, with reasons: fsync or \
+         fdatasync p50 from {warn} warns (every FLUSH costs that: at most 1e6/p50 synchronous \
+         commits/s), from {unfit} is unfit; fdatasync p50 under {fast} on a device reporting a \
+         volatile (write back) cache, not a RAM disk, warns that flushes are probably not \
+         reaching stable media; a rotational device is unfit when its random reads agree (under \
+         {ROTATIONAL_MAX_READ_IOPS}/s at QD1), else noted; fewer than {LOW_READ_QD1_IOPS} random \
+         reads/s at QD1, fewer than {LOW_WRITE_QD32_IOPS} random writes/s at QD32, sequential \
+         writes under {LOW_SEQWRITE_MB_S} MB/s, an fdatasync p99 of {stall} or more, and a \
+         second of the sustained run under {dip}% of its median (runs of {MIN_TIMELINE_SECS} s \
+         or more) each warn. Notes (no FUA, no discard, a rotational flag the reads contradict) \
+         do not change it.",
+        warn = fmt_us(WARN_FLUSH_US),
+        unfit = fmt_us(UNFIT_FLUSH_US),
+        fast = fmt_us(SUSPICIOUS_FLUSH_US),
+        stall = fmt_us(STALL_P99_US),
+        dip = DIP_FRACTION * 100.0,
+    )
 }
 
 /// Judges `m` measured on a device described by `d`.
