@@ -57,7 +57,7 @@ fn fmt_counter(name: &str, v: u64) -> String {
 
 /// Left-aligned first column, the others right-aligned (numbers) or left-aligned (text),
 /// widths from the content.
-fn table(rows: &[Vec<String>], right: bool) -> String {
+pub fn table(rows: &[Vec<String>], right: bool) -> String {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let width: Vec<usize> = (0..cols)
         .map(|i| {

@@ -555,16 +555,9 @@ fn dio_alignment(file: &File) -> Option<usize> {
 
 /// Whether the block device numbered `dev` (or the whole disk holding that partition) rotates.
 fn rotational(dev: u64) -> bool {
-    let (major, minor) = (libc::major(dev), libc::minor(dev));
-    let base = format!("/sys/dev/block/{major}:{minor}");
-    [
-        format!("{base}/queue/rotational"),
-        format!("{base}/../queue/rotational"),
-    ]
-    .iter()
-    .find_map(|p| std::fs::read_to_string(p).ok())
-    .map(|s| s.trim() == "1")
-    .unwrap_or(false)
+    crate::sysfs::disk_dir(dev)
+        .and_then(|d| crate::sysfs::read(d.join("queue/rotational")))
+        .is_some_and(|s| s == "1")
 }
 
 /// Creates (or truncates) a sparse regular file of `size` bytes: handy for tests, demos and

@@ -151,26 +151,12 @@ fn file_fields(f: &FileStat, offset: u64) -> Vec<IdentityField> {
     fields
 }
 
-/// `/sys/dev/block/MAJ:MIN`, resolved (so `..` of a partition is its disk).
-fn sysfs_dir(rdev: u64) -> Option<PathBuf> {
-    std::fs::canonicalize(format!(
-        "/sys/dev/block/{}:{}",
-        libc::major(rdev),
-        libc::minor(rdev)
-    ))
-    .ok()
-}
-
-fn sysfs_read(path: impl AsRef<Path>) -> Option<String> {
-    let s = std::fs::read_to_string(path).ok()?;
-    let s = s.trim();
-    (!s.is_empty()).then(|| s.to_string())
-}
-
 fn block_fields(path: &Path, rdev: u64) -> Vec<IdentityField> {
     let mut fields = vec![IdentityField::required("kind", "block")];
-    let dir = sysfs_dir(rdev);
-    let partition = dir.as_ref().and_then(|d| sysfs_read(d.join("partition")));
+    let dir = crate::sysfs::dev_dir(rdev);
+    let partition = dir
+        .as_ref()
+        .and_then(|d| crate::sysfs::read(d.join("partition")));
     // A partition is identified by its disk's identity and its place on it.
     let disk = match (&dir, &partition) {
         (Some(d), Some(_)) => d.parent().map(Path::to_path_buf),
@@ -184,7 +170,10 @@ fn block_fields(path: &Path, rdev: u64) -> Vec<IdentityField> {
             ("dm_uuid", &["dm/uuid"]),
         ];
         for (key, candidates) in sources {
-            if let Some(v) = candidates.iter().find_map(|c| sysfs_read(disk.join(c))) {
+            if let Some(v) = candidates
+                .iter()
+                .find_map(|c| crate::sysfs::read(disk.join(c)))
+            {
                 fields.push(IdentityField::required(key, v));
                 strong = true;
             }
@@ -192,7 +181,7 @@ fn block_fields(path: &Path, rdev: u64) -> Vec<IdentityField> {
     }
     if let (Some(d), Some(p)) = (&dir, partition) {
         fields.push(IdentityField::required("partition", p));
-        if let Some(start) = sysfs_read(d.join("start")) {
+        if let Some(start) = crate::sysfs::read(d.join("start")) {
             fields.push(IdentityField::required("start", start));
         }
     }
@@ -247,10 +236,10 @@ fn kernel_decode_dev(dev: u64) -> u64 {
 /// a path that now names another file (or none: "(deleted)") yields no birth time, so the
 /// fingerprint cannot match one that had it.
 fn loop_backing(rdev: u64) -> io::Result<Option<LoopBacking>> {
-    let Some(dir) = sysfs_dir(rdev) else {
+    let Some(dir) = crate::sysfs::dev_dir(rdev) else {
         return Ok(None);
     };
-    let Some(name) = sysfs_read(dir.join("loop/backing_file")) else {
+    let Some(name) = crate::sysfs::read(dir.join("loop/backing_file")) else {
         return Ok(None);
     };
     let dev_path = format!("/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev));
@@ -312,7 +301,7 @@ fn stack(path: &Path) -> io::Result<Vec<Node>> {
                 ino: lo.file.ino,
             });
         }
-        let Some(dir) = sysfs_dir(rdev) else {
+        let Some(dir) = crate::sysfs::dev_dir(rdev) else {
             continue;
         };
         let mut below: Vec<PathBuf> = Vec::new();
@@ -327,7 +316,7 @@ fn stack(path: &Path) -> io::Result<Vec<Node>> {
             );
         }
         for d in below {
-            if let Some((maj, min)) = sysfs_read(d.join("dev")).and_then(|s| {
+            if let Some((maj, min)) = crate::sysfs::read(d.join("dev")).and_then(|s| {
                 let (a, b) = s.split_once(':')?;
                 Some((a.parse().ok()?, b.parse().ok()?))
             }) {

@@ -33,6 +33,7 @@ pub mod identity;
 mod mem;
 pub mod signature;
 mod slow;
+pub mod sysfs;
 
 pub use alloc::{allocate_existing, allocated_bytes, create_allocated_file};
 pub use buf::{is_aligned, AlignedBuf};

@@ -180,7 +180,7 @@ where
 }
 
 /// A small deterministic PRNG so runs are repeatable.
-fn next_random(state: &mut u64) -> u64 {
+pub(crate) fn next_random(state: &mut u64) -> u64 {
     *state ^= *state << 13;
     *state ^= *state >> 7;
     *state ^= *state << 17;

@@ -1,5 +1,6 @@
 //! `flashtier format`: write a new, empty cache onto a file or device for one backing store.
 
+use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
 use anyhow::{bail, Context};
@@ -54,6 +55,13 @@ pub struct FormatArgs {
     /// formats the backing store itself.
     #[arg(long)]
     pub force: bool,
+
+    /// Skip the quick probe (about 2 s) of the cache device before formatting: fdatasync
+    /// latency, random and sequential writes, as `flashtier probe` measures them, with a
+    /// warning when the device looks unfit for a write-back cache (never an error). A cache
+    /// file is probed through a scratch file in its directory, a block device directly.
+    #[arg(long)]
+    pub no_probe: bool,
 }
 
 fn parse_block_size(s: &str) -> Result<u32, String> {
@@ -118,6 +126,9 @@ fn format_device(
     if existed && !args.force {
         refuse_to_destroy(&args.cache, &*dev)?;
     }
+    if !args.no_probe {
+        quick_probe(&args.cache);
+    }
     if existed && std::fs::metadata(&args.cache)?.is_file() {
         allocate_cache_file(Path::new(&args.cache), dev.info().size)?;
     }
@@ -159,6 +170,29 @@ fn format_device(
         fmt_bytes(blocks * 13)
     );
     Ok(())
+}
+
+/// Probes the cache device and warns when it looks unfit; a probe that cannot run is reported
+/// and skipped: it never stops a format.
+fn quick_probe(cache: &str) {
+    let block = std::fs::metadata(cache).is_ok_and(|m| m.file_type().is_block_device());
+    match crate::probe::quick(Path::new(cache), block) {
+        Ok(v) if v.level == crate::probe::Level::Ok => {}
+        Ok(v) => {
+            eprintln!(
+                "flashtier: warning: {cache} looks {} for a write-back cache device ({});                  `flashtier probe` measures it in full:",
+                if v.level == crate::probe::Level::Unfit { "unfit" } else { "poor" },
+                v.level.as_str()
+            );
+            for r in &v.reasons {
+                eprintln!("flashtier: warning:   - {r}");
+            }
+        }
+        Err(e) => eprintln!(
+            "flashtier: warning: the quick probe of {cache} did not run: {}",
+            crate::error_chain(&e)
+        ),
+    }
 }
 
 /// Clears what the device held, so that nothing of it is mistaken for part of the new cache

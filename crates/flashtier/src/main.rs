@@ -10,6 +10,7 @@ mod format;
 mod generate;
 mod integrity_cmd;
 mod notify;
+mod probe;
 mod serve;
 mod shutdown;
 mod units;
@@ -41,8 +42,8 @@ device.\n\nStart with `flashtier demo`, then `flashtier serve --help`. While a s
 )]
 struct Cli {
     /// Log filter for messages on stderr: error, warn, info, debug, trace, or per-module
-    /// directives such as `flashtier_nbd=debug`. [default: info for `serve` and `format`; warn
-    /// for the others, whose answers go to stdout]
+    /// directives such as `flashtier_nbd=debug`. [default: info for `serve`, `format` and
+    /// `probe`; warn for the others, whose answers go to stdout]
     #[arg(long, global = true, env = "FLASHTIER_LOG")]
     log: Option<String>,
 
@@ -54,6 +55,11 @@ struct Cli {
 enum Command {
     /// Prepare a cache file or device (an SSD) for a backing store.
     Format(format::FormatArgs),
+    /// Measure whether a device (or the filesystem a directory is on) is fit to be a write-back
+    /// cache device: flush latency, random and sequential I/O, a sustained write timeline, what
+    /// sysfs says of it, and a verdict with reasons. Writes only to a scratch file it creates,
+    /// unless --destructive.
+    Probe(probe::ProbeArgs),
     /// Serve a backing store over NBD, through a cache if one is given, until SIGINT/SIGTERM.
     Serve(Box<serve::ServeArgs>),
     /// Run a short, self-contained showcase: create a backing store, serve it, drive a workload
@@ -106,7 +112,8 @@ enum Command {
 fn main() {
     let cli = Cli::parse();
     let default_log = match cli.command {
-        Command::Format(_) | Command::Serve(_) => "info",
+        // probe runs for a minute: its progress shows on stderr.
+        Command::Format(_) | Command::Serve(_) | Command::Probe(_) => "info",
         // demo's report and the control commands' answers go to stdout; only trouble to stderr.
         _ => "warn",
     };
@@ -124,6 +131,7 @@ fn main() {
 
     let result = match cli.command {
         Command::Format(args) => format::run(args),
+        Command::Probe(args) => probe::run(args),
         Command::Serve(args) => serve::run(*args),
         Command::Demo(args) => demo::run(args),
         Command::Status(args) => ctl::status(args),

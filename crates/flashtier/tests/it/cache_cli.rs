@@ -13,15 +13,7 @@ fn flashtier(args: &[&str]) -> std::process::Output {
 }
 
 fn format_cache(cache: &Path, backing: &Path, extra: &[&str]) -> std::process::Output {
-    let mut args = vec![
-        "format",
-        "--cache",
-        path_str(cache),
-        "--backing",
-        path_str(backing),
-    ];
-    args.extend_from_slice(extra);
-    flashtier(&args)
+    run_any(format_command(cache, path_str(backing)).args(extra))
 }
 
 fn serve_refusal(cache: &Path, backing: &Path, dir: &Path) -> String {

@@ -51,6 +51,7 @@ impl Setup {
         let cache = dir.path().join("cache");
         let out = flashtier(&[
             "format",
+            "--no-probe",
             "--cache",
             path_str(&cache),
             "--backing",
@@ -1485,6 +1486,7 @@ fn a_failed_cache_device_is_never_reported_closed_cleanly() {
     let template = dir.path().join("cache");
     let out = flashtier(&[
         "format",
+        "--no-probe",
         "--cache",
         path_str(&template),
         "--backing",

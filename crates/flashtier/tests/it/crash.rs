@@ -789,6 +789,7 @@ fn crash_cycles(plan: Plan) {
     harness::sparse_file(&f.backing, DISK_BYTES);
     harness::run(Command::new(harness::BIN).args([
         "format",
+        "--no-probe",
         "--cache",
         path_str(&f.cache),
         "--size",
@@ -1324,6 +1325,7 @@ fn write_through_race(threads: usize, rounds: u64) -> Vec<String> {
     harness::sparse_file(&f.backing, region * BS as u64);
     harness::run(Command::new(harness::BIN).args([
         "format",
+        "--no-probe",
         "--cache",
         path_str(&f.cache),
         "--size",

@@ -42,17 +42,8 @@ impl Setup {
 
     /// Formats a 96 MiB cache file at `cache` for `backing`.
     fn format(&self, cache: &Path, backing: &str) {
-        let out = run_any(Command::new(BIN).args([
-            "format",
-            "--cache",
-            path_str(cache),
-            "--backing",
-            backing,
-            "--size",
-            "96M",
-            "--segment-size",
-            "1M",
-        ]));
+        let out =
+            run_any(format_command(cache, backing).args(["--size", "96M", "--segment-size", "1M"]));
         assert!(out.status.success(), "format failed:\n{}", text(&out));
     }
 

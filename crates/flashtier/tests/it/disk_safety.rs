@@ -28,9 +28,11 @@ fn flashtier(args: &[&str]) -> Output {
 }
 
 fn format(cache: &Path, backing: &str, extra: &[&str]) -> Output {
-    let mut args = vec!["format", "--cache", path_str(cache), "--backing", backing];
-    args.extend_from_slice(extra);
-    flashtier(&args)
+    run_any(
+        format_command(cache, backing)
+            .args(extra)
+            .stdin(std::process::Stdio::null()),
+    )
 }
 
 fn stderr(out: &Output) -> String {

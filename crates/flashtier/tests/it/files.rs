@@ -261,6 +261,7 @@ fn modes_do_not_depend_on_the_umask() {
     let cache = dir.path().join("cache");
     let out = run_any(Command::new(BIN).args([
         "format",
+        "--no-probe",
         "--cache",
         path_str(&cache),
         "--backing",

@@ -238,6 +238,16 @@ pub fn run_stdout(cmd: &mut Command) -> String {
     String::from_utf8(run(cmd).stdout).expect("non-UTF-8 output")
 }
 
+/// `flashtier format --cache CACHE --backing BACKING` without the quick probe of the cache
+/// device (about 2 s a format; `probe.rs` tests it), for the caller to add arguments and run.
+pub fn format_command(cache: &Path, backing: &str) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.args(["format", "--no-probe", "--cache"])
+        .arg(cache)
+        .args(["--backing", backing]);
+    cmd
+}
+
 /// A running `flashtier serve`.
 pub struct Server {
     child: Option<Child>,

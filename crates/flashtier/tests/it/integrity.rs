@@ -27,6 +27,7 @@ impl Setup {
         sparse_file(&backing, 64 << 20);
         let out = run_any(Command::new(BIN).args([
             "format",
+            "--no-probe",
             "--cache",
             path_str(&cache),
             "--backing",

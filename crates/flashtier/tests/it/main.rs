@@ -15,6 +15,7 @@ mod hostile;
 mod integrity;
 mod mariadb;
 mod packaging;
+mod probe;
 mod protocol;
 mod tls;
 mod tools;

@@ -180,6 +180,7 @@ impl Rig {
     fn format_cache(&self) {
         harness::run(Command::new(harness::BIN).args([
             "format",
+            "--no-probe",
             "--cache",
             path_str(&self.p.cache),
             "--size",

@@ -402,7 +402,15 @@ fn dashboard_and_alert_rules_use_only_metrics_the_server_exports() {
     let cache = dir.path().join("cache");
     sparse_file(&backing, 16 << 20);
     run(Command::new(BIN)
-        .args(["format", "--size", "32M", "--segment-size", "1M", "--cache"])
+        .args([
+            "format",
+            "--no-probe",
+            "--size",
+            "32M",
+            "--segment-size",
+            "1M",
+            "--cache",
+        ])
         .arg(&cache)
         .arg("--backing")
         .arg(&backing));
