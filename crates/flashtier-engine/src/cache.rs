@@ -29,7 +29,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use flashtier_io::{check_range, AlignedBuf, BlockDev, DevInfo, Extent, ZeroOpts};
-use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
+use parking_lot::RwLockReadGuard;
 
 use crate::cleaner;
 use crate::engine::{self, Engine, OpenReport};
@@ -40,6 +40,7 @@ use crate::layout::batch::Kind;
 use crate::layout::superblock::BackingIdentity;
 use crate::log::{Record, Writer};
 use crate::policy::{Mode, PromotionPolicy, ReclaimPolicy};
+use crate::range_lock::RangeGuard;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::EngineError;
 
@@ -103,23 +104,25 @@ enum Promote {
     Never,
 }
 
-/// How a write holds `Engine::rmw` (shared by whole-block writes, exclusive for partial ones).
+/// How a write holds its blocks in `Engine::write_ranges` (shared by whole-block writes,
+/// exclusive for partial ones).
 enum RmwHeld<'a> {
     /// Exclusively, by the caller, for the whole write (a read-modify-write).
     ByCaller,
     /// Exclusively, until the write's INVALIDATE is applied.
-    Exclusive(RwLockWriteGuard<'a, ()>),
+    Exclusive(RangeGuard<'a>),
     Shared {
-        _guard: RwLockReadGuard<'a, ()>,
+        _guard: RangeGuard<'a>,
     },
 }
 
 impl<'a> RmwHeld<'a> {
     fn downgrade(self) -> RmwHeld<'a> {
         match self {
-            RmwHeld::Exclusive(g) => RmwHeld::Shared {
-                _guard: RwLockWriteGuard::downgrade(g),
-            },
+            RmwHeld::Exclusive(mut g) => {
+                g.downgrade();
+                RmwHeld::Shared { _guard: g }
+            }
             held => held,
         }
     }
@@ -244,7 +247,7 @@ impl Cache {
             self.write_back_all()?;
         }
         // Writes decide what to do by the mode when they start; this waits for those in flight.
-        let _no_writes_in_flight = self.e.rmw.write();
+        let _no_writes_in_flight = self.e.writes_gate.write();
         if !mode.keeps_dirty_data() {
             self.write_back_all()?;
         }
@@ -327,7 +330,7 @@ impl Cache {
         let forgotten = {
             // No write is in flight: an INVALIDATE of a range a write just landed in would
             // drop it.
-            let _no_writes = e.rmw.write();
+            let _no_writes = e.writes_gate.write();
             let ranges: Vec<(u64, u64)> = {
                 let st = e.state.read();
                 st.lost
@@ -829,9 +832,9 @@ impl Cache {
     /// crossed the cutoff: from then on each request's first block was written around.)
     ///
     /// No write may make a block dirty between that check and its INVALIDATE. Write-back writes
-    /// are held off by `rmw`, held exclusively (`held`) until the INVALIDATEs are applied, then
-    /// shared like any whole-block write (so a partial-block write still cannot read these
-    /// blocks before the backing store has them). Write-through writes take the blocks' turn
+    /// of these blocks are held off by their range in `write_ranges`, held exclusively (`held`)
+    /// until the INVALIDATEs are applied, then shared like any whole-block write (so a
+    /// partial-block write still cannot read these blocks before the backing store has them). Write-through writes take the blocks' turn
     /// lock, held here until the backing writes are done, which also keeps the two in log order
     /// on the backing store.
     fn write_past_cutoff(
@@ -844,7 +847,7 @@ impl Cache {
         let e = &*self.e;
         let bs = self.block_size() as usize;
         let n = (data.len() / bs) as u64;
-        // The mode cannot change while `rmw` is held in any way.
+        // The mode cannot change while the caller holds `writes_gate`.
         let mode = self.mode();
         let turn = match mode {
             Mode::WriteThrough => Some(e.guards.write_through_lock(lba, n)),
@@ -1166,26 +1169,28 @@ impl Cache {
     ) -> io::Result<()> {
         let bs = self.block_size();
         let end = offset + buf.len() as u64;
+        let first = offset / bs;
+        let last = end.div_ceil(bs);
+        let ranges = &self.e.write_ranges;
+        let _gate = self.e.writes_gate.read();
         if offset.is_multiple_of(bs) && end.is_multiple_of(bs) {
             if past_cutoff {
                 // Exclusive only where `write_past_cutoff` needs it (see there).
-                let held = if self.mode() == Mode::WriteBack {
-                    RmwHeld::Exclusive(self.e.rmw.write())
+                let exclusive = self.mode() == Mode::WriteBack;
+                let guard = ranges.lock(first, last - first, exclusive);
+                let held = if exclusive {
+                    RmwHeld::Exclusive(guard)
                 } else {
-                    RmwHeld::Shared {
-                        _guard: self.e.rmw.read(),
-                    }
+                    RmwHeld::Shared { _guard: guard }
                 };
-                return self.write_past_cutoff(offset / bs, buf, fua, held);
+                return self.write_past_cutoff(first, buf, fua, held);
             }
-            let _shared = self.e.rmw.read();
-            return self.write_blocks(offset / bs, buf, fua);
+            let _shared = ranges.lock(first, last - first, false);
+            return self.write_blocks(first, buf, fua);
         }
         // A partial block: read what surrounds the write, patch, write whole blocks, excluding
-        // every other writer so nothing lands between the read and the write.
-        let _exclusive = self.e.rmw.write();
-        let first = offset / bs;
-        let last = end.div_ceil(bs);
+        // every other writer of these blocks so nothing lands between the read and the write.
+        let _exclusive = ranges.lock(first, last - first, true);
         let mut data = AlignedBuf::zeroed(((last - first) * bs) as usize);
         if !offset.is_multiple_of(bs) {
             self.read_blocks(first, 1, &mut data[..bs as usize], Promote::Never)?;

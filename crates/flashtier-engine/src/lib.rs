@@ -45,6 +45,7 @@ pub mod layout;
 pub mod log;
 pub mod lost;
 pub mod policy;
+mod range_lock;
 pub mod reclaim;
 pub mod recover;
 pub mod scan;
