@@ -78,15 +78,16 @@ impl BlockDev for SlowDev {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MemDev;
+    use crate::{create_sparse_file, FileDev, FileOptions};
     use std::time::Instant;
 
     #[test]
     fn requests_take_their_latency_one_at_a_time() {
-        let dev = Arc::new(SlowDev::new(
-            Arc::new(MemDev::new(1 << 20)),
-            Duration::from_millis(5),
-        ));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("slow.img");
+        create_sparse_file(&path, 1 << 20).unwrap();
+        let file = FileDev::open(&path, FileOptions::default()).unwrap();
+        let dev = Arc::new(SlowDev::new(Arc::new(file), Duration::from_millis(5)));
         let start = Instant::now();
         std::thread::scope(|s| {
             for i in 0..4u64 {

@@ -37,9 +37,13 @@ pub struct Geometry {
     pub block_size: u32,
     /// Segment: the unit of log allocation and reclaim (a multiple of the block size).
     pub segment_size: u32,
+    /// Segments on the device.
     pub segment_count: u32,
+    /// Byte offset of the first checkpoint slot.
     pub checkpoint_offset: u64,
+    /// Bytes of one checkpoint slot (room for a full cache's checkpoint).
     pub checkpoint_slot_size: u64,
+    /// Byte offset of the first segment.
     pub data_offset: u64,
 }
 
@@ -117,6 +121,7 @@ impl Geometry {
         Self::lost_ranges_for(self.slot_count() as u64)
     }
 
+    /// Cache blocks in one segment.
     pub fn blocks_per_segment(&self) -> u32 {
         self.segment_size / self.block_size
     }
@@ -126,10 +131,12 @@ impl Geometry {
         self.segment_count * self.blocks_per_segment()
     }
 
+    /// The segment a slot is in.
     pub fn segment_of(&self, slot: u32) -> u32 {
         slot / self.blocks_per_segment()
     }
 
+    /// The first slot of a segment.
     pub fn first_slot(&self, segment: u32) -> u32 {
         segment * self.blocks_per_segment()
     }
@@ -139,6 +146,7 @@ impl Geometry {
         self.data_offset + slot as u64 * self.block_size as u64
     }
 
+    /// Byte offset of checkpoint slot 0 or 1 on the device.
     pub fn checkpoint_slot_offset(&self, slot: u32) -> u64 {
         self.checkpoint_offset + slot as u64 * self.checkpoint_slot_size
     }
