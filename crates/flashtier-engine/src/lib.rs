@@ -5,7 +5,7 @@
 //! is a *record* appended to the log on the cache device, and the in-memory index is nothing but
 //! the result of applying those records in order. Recovery after a crash loads the last
 //! checkpoint (a snapshot of the index) and applies the records written since, with the very same
-//! function the live path uses ([`state::State::apply`]). That one idea carries the durability
+//! function the live path uses (`state::State::apply`). That one idea carries the durability
 //! contract:
 //!
 //! - **One write = one record**, checksummed together with its data, so a write up to the atomic
@@ -27,10 +27,13 @@
 //! is both the write-throughput trick and what keeps flash wear down. The index maps each cached
 //! block to its slot in ~13 bytes of RAM per cache block.
 //!
-//! Modules: [`layout`] (the on-device format), [`index`], [`segments`], [`log`] (the writer
-//! thread), [`recover`], [`cache`] (the volume and its per-mode I/O paths), [`cleaner`],
-//! [`reclaim`], [`writeback`] (the background cleaner and its controller), [`guards`] (keeping promotions from caching stale data), [`policy`] (modes,
-//! sequential stream detection, n-hit admission), [`stats`], [`tunables`] (the live parameters).
+//! Modules: `layout` (the on-device format), `index`, `segments`, `log` (the writer thread),
+//! `recover`, `cache` (the volume and its per-mode I/O paths), `cleaner`, `reclaim`, `writeback`
+//! (the background cleaner and its controller), `guards` (keeping promotions from caching stale
+//! data), `policy` (modes, sequential stream detection, n-hit admission), `stats`, [`tunables`]
+//! (the live parameters). They are private: the crate root re-exports what the binary and the
+//! control plane use, [`adopt`] and [`tunables`] are public as the namespaces callers name, and
+//! [`internals`] (hidden) serves the integration tests and fuzzers.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]

@@ -183,8 +183,7 @@ pub const PARAMS: &[ParamInfo] = &[
 ];
 
 /// Pairs of numeric parameters where the first must stay below the second.
-pub(crate) const ORDERED: &[(&str, &str)] =
-    &[("writeback_dirty_low_pct", "writeback_dirty_high_pct")];
+pub const ORDERED: &[(&str, &str)] = &[("writeback_dirty_low_pct", "writeback_dirty_high_pct")];
 
 /// A parameter name or value that was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

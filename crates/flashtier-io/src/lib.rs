@@ -31,6 +31,8 @@
 //! The NBD *client* device (a backing store that is any NBD server) lives in `flashtier-nbd`
 //! beside the rest of the protocol code and implements this trait.
 
+#![deny(missing_docs)]
+
 mod alloc;
 mod buf;
 mod dev;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::dev::{BlockDev, DevInfo, Extent, ZeroOpts};
 
+/// A device that serves one request at a time from `inner`, each after a fixed delay.
 pub struct SlowDev {
     inner: Arc<dyn BlockDev>,
     latency: Duration,
@@ -16,6 +17,7 @@ pub struct SlowDev {
 }
 
 impl SlowDev {
+    /// Wraps `inner` so that every request takes `latency` more.
     pub fn new(inner: Arc<dyn BlockDev>, latency: Duration) -> SlowDev {
         SlowDev {
             inner,

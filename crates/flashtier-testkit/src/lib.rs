@@ -28,8 +28,8 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
-mod crash;
-mod fault;
+pub mod crash;
+pub mod fault;
 mod mem;
 
 pub use crash::{CrashDev, CrashPolicy};
