@@ -12,8 +12,8 @@
 //!   [`CrashDev::crash`] computes what a power cut now could leave (unflushed writes kept, dropped
 //!   or torn, deterministically for a seed), and whose [`CrashDev::cut_power`] makes the device go
 //!   dead while other threads still use it. The power-loss, flush and detach tests are built on it.
-//! - [`FaultDev`] **injects I/O errors**: a wrapper that fails the *n*-th write, read or flush, a
-//!   range of writes, or everything from some point on (optionally landing half of the failing
+//! - [`FaultDev`] **injects I/O errors**: a wrapper that fails the *n*-th write or flush, reads or
+//!   writes of a range, or everything from some point on (optionally landing half of the failing
 //!   write, like a torn write), so a test can watch the layers above handle a failing cache or
 //!   backing store.
 //! - [`MemDev`] is **a plain device in RAM**, for unit tests, fuzzing and seed generation, where a
