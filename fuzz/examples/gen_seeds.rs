@@ -9,16 +9,17 @@ use std::fs;
 use std::path::Path;
 use std::sync::Arc;
 
-use flashtier_engine::layout::batch::{BatchHeader, Kind};
-use flashtier_engine::layout::checkpoint::{self, Checkpoint};
-use flashtier_engine::layout::superblock;
+use flashtier_engine::internals::batch::{BatchHeader, Kind};
+use flashtier_engine::internals::checkpoint::{self, Checkpoint};
+use flashtier_engine::internals::superblock;
 use flashtier_engine::{BackingIdentity, Cache, FormatOptions, IdentityField, Superblock};
 use flashtier_fuzz::client::{client_flags, info_payload, meta_payload, option, request, write};
 use flashtier_fuzz::handshake::{self, Ended};
 use flashtier_fuzz::on_device::{self, BATCH, CHECKPOINT, CHOOSE, FIX_CRC, SUPERBLOCK};
 use flashtier_fuzz::transmission::{self, MAX_PAYLOAD_SMALL};
 use flashtier_fuzz::{quirky, request_header, DEV_SIZE};
-use flashtier_io::{AlignedBuf, BlockDev, MemDev};
+use flashtier_io::{AlignedBuf, BlockDev};
+use flashtier_testkit::MemDev;
 use flashtier_nbd::wire::{cmd, cmd_flag, errno, handshake as hflag, info, opt, BASE_ALLOCATION};
 
 const FIXED_NZ: u32 = hflag::C_FIXED_NEWSTYLE | hflag::C_NO_ZEROES;

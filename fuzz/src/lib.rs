@@ -14,7 +14,8 @@ pub mod transmission;
 
 use std::sync::Arc;
 
-use flashtier_io::{BlockDev, MemDev, ZeroOpts};
+use flashtier_io::{BlockDev, ZeroOpts};
+use flashtier_testkit::MemDev;
 use flashtier_nbd::Export;
 
 /// Size of the device behind every export: small, so out-of-range requests are easy to reach.

@@ -27,10 +27,10 @@
 //!   with the higher generation (the first on a tie), otherwise an error, `NotACache` only if
 //!   neither copy has the magic.
 
-use flashtier_engine::layout::batch::{self, BatchHeader};
-use flashtier_engine::layout::checkpoint::{self, Checkpoint};
-use flashtier_engine::layout::superblock::{self, Superblock};
-use flashtier_engine::layout::{FORMAT_VERSION, META_BLOCK};
+use flashtier_engine::internals::batch::{self, BatchHeader};
+use flashtier_engine::internals::checkpoint::{self, Checkpoint};
+use flashtier_engine::internals::superblock::{self, Superblock};
+use flashtier_engine::internals::{FORMAT_VERSION, META_BLOCK};
 use flashtier_engine::FormatError;
 
 pub const SUPERBLOCK: u8 = 0;

@@ -8,7 +8,8 @@ use std::io;
 use std::ops::Range;
 use std::sync::Arc;
 
-use flashtier_io::{check_range, BlockDev, DevInfo, Extent, MemDev, ZeroOpts};
+use flashtier_io::{check_range, BlockDev, DevInfo, Extent, ZeroOpts};
+use flashtier_testkit::MemDev;
 use flashtier_nbd::wire::{errno, state};
 
 use crate::DEV_SIZE;

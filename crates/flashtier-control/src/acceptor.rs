@@ -8,8 +8,8 @@
 //! thread to end. Threads stay bounded by the limit either way.
 
 use std::io;
-use std::net::{TcpListener, TcpStream};
-use std::os::unix::io::AsRawFd;
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,7 +22,7 @@ use parking_lot::{Condvar, Mutex};
 const EVICT_WAIT: Duration = Duration::from_secs(2);
 
 /// A listening socket.
-pub(crate) trait Listen: AsRawFd + Send + Sync + 'static {
+pub(crate) trait Listen: AsFd + Send + Sync + 'static {
     type Stream: Send + 'static;
     fn accept_one(&self) -> io::Result<Self::Stream>;
 }
@@ -46,7 +46,9 @@ impl Listen for TcpListener {
 pub(crate) type Job = Box<dyn FnOnce() + Send>;
 
 pub(crate) struct Acceptor {
-    fd: i32,
+    /// A duplicate of the listener's descriptor, to shut the listening socket down with (the
+    /// listener itself belongs to the accept thread).
+    fd: OwnedFd,
     stopping: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -65,7 +67,7 @@ impl Acceptor {
         refuse: impl Fn(L::Stream) + Send + 'static,
         evict: impl Fn() -> bool + Send + 'static,
     ) -> io::Result<Acceptor> {
-        let fd = listener.as_raw_fd();
+        let fd = listener.as_fd().try_clone_to_owned()?;
         let stopping = Arc::new(AtomicBool::new(false));
         let stop = stopping.clone();
         let conn_name = format!("{name}-conn");
@@ -118,9 +120,8 @@ impl Acceptor {
     pub(crate) fn stop(&mut self) {
         if let Some(thread) = self.thread.take() {
             self.stopping.store(true, Ordering::SeqCst);
-            // SAFETY: the accept thread owns the listener and is still running (not joined), so
-            // the fd is open; shutdown only changes the socket's state and wakes accept(2).
-            unsafe { libc::shutdown(self.fd, libc::SHUT_RDWR) };
+            // Shutting the socket down (through our duplicate descriptor) wakes accept(2).
+            let _ = flashtier_io::sys::shutdown(self.fd.as_fd(), Shutdown::Both);
             let _ = thread.join();
         }
     }

@@ -136,11 +136,7 @@ fn create_temp(dir: &Path, name: &str) -> io::Result<(PathBuf, File)> {
 /// 64 bits from the kernel's random source.
 pub(crate) fn random_u64() -> io::Result<u64> {
     let mut buf = [0u8; 8];
-    // SAFETY: the buffer is valid for 8 bytes; getrandom writes at most that many.
-    let n = unsafe { libc::getrandom(buf.as_mut_ptr().cast(), buf.len(), 0) };
-    if n != buf.len() as isize {
-        return Err(io::Error::last_os_error());
-    }
+    flashtier_io::sys::fill_random(&mut buf)?;
     Ok(u64::from_ne_bytes(buf))
 }
 
@@ -236,8 +232,7 @@ mod tests {
 
     #[test]
     fn a_kept_owner_survives_the_replacement() {
-        // SAFETY: geteuid has no failure modes.
-        if unsafe { libc::geteuid() } != 0 {
+        if flashtier_io::sys::effective_uid() != 0 {
             eprintln!("skipped: needs root to give a file away");
             return;
         }

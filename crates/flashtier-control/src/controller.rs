@@ -1114,7 +1114,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::timed::Timed;
     use flashtier_engine::{format, BackingIdentity, FormatOptions, PARAMS};
-    use flashtier_io::MemDev;
+    use flashtier_testkit::MemDev;
 
     /// A controller over a write-back cache on memory devices (1 MiB segments, 16 MiB cache,
     /// 8 MiB backing), and the timed device clients would use.
@@ -1492,7 +1492,7 @@ pub(crate) mod tests {
     /// after the fault clears makes it `ok` again.
     #[test]
     fn a_failing_backing_store_shows_as_degraded() {
-        use flashtier_io::{Fault, FaultDev};
+        use flashtier_testkit::{Fault, FaultDev};
         let backing = Arc::new(FaultDev::new(Arc::new(MemDev::new(8 << 20))));
         let (c, dev) = cached_on(backing.clone(), None);
         dev.write_at(&[7u8; 64 << 10], 0, false).unwrap();

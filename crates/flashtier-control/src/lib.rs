@@ -40,6 +40,8 @@
 //! accept loop both listeners share), `atomic_file` (replacing a file whole, safely), [`run_dir`], [`statsfile`],
 //! [`plane`] (starts and stops them together), [`config`] (the TOML config file).
 
+#![forbid(unsafe_code)]
+
 mod acceptor;
 mod atomic_file;
 pub mod client;

@@ -52,8 +52,7 @@ pub enum RunDirError {
 
 /// The run directory for this user.
 pub fn default_path() -> PathBuf {
-    // SAFETY: geteuid has no failure modes.
-    let uid = unsafe { libc::geteuid() };
+    let uid = flashtier_io::sys::effective_uid();
     if uid == 0 {
         return PathBuf::from("/run/flashtier");
     }
@@ -91,8 +90,7 @@ pub fn prepare(dir: &Path) -> Result<(), RunDirError> {
         source,
     };
     let meta = d.metadata().map_err(create)?;
-    // SAFETY: geteuid has no failure modes.
-    let me = unsafe { libc::geteuid() };
+    let me = flashtier_io::sys::effective_uid();
     if meta.uid() != me {
         return Err(RunDirError::NotOurs {
             dir: dir.to_path_buf(),
@@ -174,8 +172,7 @@ mod tests {
 
     #[test]
     fn another_users_directory_is_refused() {
-        // SAFETY: geteuid has no failure modes.
-        if unsafe { libc::geteuid() } != 0 {
+        if flashtier_io::sys::effective_uid() != 0 {
             eprintln!("skipped: needs root to give a directory away");
             return;
         }

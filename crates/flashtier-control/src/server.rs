@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::Shutdown;
-use std::os::unix::io::AsRawFd;
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -293,15 +293,7 @@ fn evict_longest_idle(registry: &Registry) -> bool {
 fn say_goodbye(stream: &UnixStream, why: &str) {
     if let Ok(mut line) = serde_json::to_vec(&Response::error(why)) {
         line.push(b'\n');
-        // SAFETY: the buffer is valid for its length; MSG_DONTWAIT makes this never block.
-        unsafe {
-            libc::send(
-                stream.as_raw_fd(),
-                line.as_ptr().cast(),
-                line.len(),
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
+        let _ = flashtier_io::sys::send_nonblocking(stream.as_fd(), &line);
     }
     let _ = stream.shutdown(Shutdown::Both);
 }

@@ -92,7 +92,7 @@ impl BlockDev for Switchable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flashtier_io::MemDev;
+    use flashtier_testkit::MemDev;
     use std::sync::mpsc;
     use std::time::Duration;
 

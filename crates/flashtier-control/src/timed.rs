@@ -177,7 +177,7 @@ impl BlockDev for Timed {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use flashtier_io::MemDev;
+    use flashtier_testkit::MemDev;
 
     #[test]
     fn every_operation_is_counted_with_its_bytes_and_errors() {

@@ -28,6 +28,7 @@ pub struct Mismatch {
 }
 
 impl Mismatch {
+    /// Bytes of dirty data the cache holds for the old backing store; None if the cache does not recover.
     pub fn dirty_bytes(&self) -> Option<u64> {
         self.dirty_blocks
             .map(|n| n * self.superblock.geometry.block_size as u64)
@@ -97,7 +98,7 @@ pub fn adopt(
 mod tests {
     use std::sync::Arc;
 
-    use flashtier_io::MemDev;
+    use flashtier_testkit::MemDev;
 
     use super::*;
     use crate::layout::superblock::IdentityField;

@@ -131,16 +131,27 @@ impl<'a> RmwHeld<'a> {
 /// How the cache is used right now.
 #[derive(Debug, Clone)]
 pub struct Status {
+    /// The mode writes are served in.
     pub mode: Mode,
+    /// Which segment reclaim empties first.
     pub reclaim: ReclaimPolicy,
+    /// Cache block size in bytes: the unit of caching.
     pub block_size: u32,
+    /// Segment size in bytes: the unit of log allocation and reclaim.
     pub segment_size: u32,
+    /// Segments on the cache device.
     pub segments: u32,
+    /// Segments holding nothing, ready for the log.
     pub free_segments: usize,
+    /// Blocks the index maps (clean and dirty).
     pub cached_blocks: u64,
+    /// Mapped blocks not yet written back to the backing store.
     pub dirty_blocks: u64,
+    /// Most blocks the cache can hold at once.
     pub capacity_blocks: u64,
+    /// RAM the index takes, in bytes.
     pub index_bytes: usize,
+    /// Largest write that is all-or-nothing after a crash, in bytes.
     pub atomic_write_bytes: u32,
     /// The cache device failed: the log refuses writes and flushes until it works again (the
     /// log retries by itself).
@@ -163,6 +174,8 @@ pub struct Status {
     pub recovery: Vec<String>,
 }
 
+/// An open cache: a volume over its backing store that serves reads and writes through the
+/// cache device, and runs the log writer, reclaim and the write-back cleaner until closed.
 pub struct Cache {
     e: Arc<Engine>,
     info: DevInfo,
@@ -228,10 +241,12 @@ impl Cache {
         &self.e
     }
 
+    /// What opening the cache found (recovery, damage).
     pub fn report(&self) -> &OpenReport {
         &self.report
     }
 
+    /// The mode writes are served in now.
     pub fn mode(&self) -> Mode {
         self.e.mode()
     }
@@ -256,6 +271,7 @@ impl Cache {
         Ok(())
     }
 
+    /// Changes which segment reclaim empties first, from the next reclaim on.
     pub fn set_reclaim_policy(&self, policy: ReclaimPolicy) {
         self.e.set_reclaim_policy(policy);
     }
@@ -282,10 +298,12 @@ impl Cache {
         Ok(written)
     }
 
+    /// The counters since the cache was opened.
     pub fn stats(&self) -> StatsSnapshot {
         self.e.stats.snapshot()
     }
 
+    /// Its configuration, occupancy and health right now.
     pub fn status(&self) -> Status {
         let st = self.e.state.read();
         let geo = self.e.geo;

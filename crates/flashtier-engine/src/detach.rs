@@ -24,7 +24,12 @@ pub enum ReleaseError {
          backing store; write them back first (switch to passthrough), or discard them",
         dirty_blocks * *block_size as u64
     )]
-    Dirty { dirty_blocks: u64, block_size: u32 },
+    Dirty {
+        /// Blocks not written back yet.
+        dirty_blocks: u64,
+        /// The cache's block size, to tell the bytes.
+        block_size: u32,
+    },
     /// Nothing changed: serving the backing store directly would return older data for blocks
     /// whose newest version the cache lost.
     #[error(
@@ -32,7 +37,10 @@ pub enum ReleaseError {
          the backing store holds older data for them. Rewrite them or acknowledge the loss with \
          `flashtier forget-lost`, or discard"
     )]
-    Lost { lost_blocks: u64 },
+    Lost {
+        /// Blocks whose newest data was lost.
+        lost_blocks: u64,
+    },
     /// The cache is closed; the device may still hold the old cache (see the error).
     #[error(transparent)]
     Engine(#[from] EngineError),

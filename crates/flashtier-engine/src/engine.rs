@@ -152,9 +152,13 @@ impl Engine {
 /// Parameters of `format`.
 #[derive(Debug, Clone, Copy)]
 pub struct FormatOptions {
+    /// Cache block size in bytes (a power of two, 4 KiB..64 KiB).
     pub block_size: u32,
+    /// Segment size in bytes (a multiple of the block size, at least 16 blocks).
     pub segment_size: u32,
+    /// The mode the cache opens in unless told otherwise.
     pub mode: Mode,
+    /// Which segment reclaim empties first.
     pub reclaim: ReclaimPolicy,
 }
 
@@ -191,11 +195,7 @@ pub fn format(
         )));
     }
     let mut uuid = [0u8; 16];
-    // SAFETY: getrandom fills the buffer we pass, up to its length.
-    let n = unsafe { libc::getrandom(uuid.as_mut_ptr().cast(), uuid.len(), 0) };
-    if n != uuid.len() as isize {
-        return Err(EngineError::CacheIo(std::io::Error::last_os_error()));
-    }
+    flashtier_io::sys::fill_random(&mut uuid).map_err(EngineError::CacheIo)?;
     let empty = Checkpoint {
         number: 0,
         next_seq: 1,
@@ -248,12 +248,19 @@ pub fn format(
 /// What opening a cache found.
 #[derive(Debug, Clone)]
 pub struct OpenReport {
+    /// Whether the cache was closed cleanly (nothing to replay beyond the checkpoint).
     pub clean_shutdown: bool,
+    /// The checkpoint recovery started from.
     pub checkpoint_number: u64,
+    /// Log batches replayed on top of it.
     pub replayed_batches: u64,
+    /// Records in those batches.
     pub replayed_records: u64,
+    /// How long opening took.
     pub recovery_time: Duration,
+    /// Blocks cached once opened.
     pub cached_blocks: u64,
+    /// Of those, blocks not yet written back.
     pub dirty_blocks: u64,
     /// What recovery found damaged, and how it handled it (empty when all was well).
     pub damage: Vec<crate::recover::Damage>,

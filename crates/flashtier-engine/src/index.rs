@@ -225,6 +225,7 @@ impl Index {
     }
 
     /// Whether no LBA is mapped.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -395,6 +396,7 @@ impl Index {
     }
 
     /// Clears REFERENCED on `slot` (reclaim examined it). No effect on a free slot.
+    #[cfg(test)]
     pub fn clear_referenced(&mut self, slot: u32) {
         *self.slots[slot as usize].get_mut() &= !REFERENCED;
     }

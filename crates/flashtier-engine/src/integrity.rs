@@ -24,7 +24,11 @@ pub enum IntegrityError {
         "block {lba} is lost: its newest data was in the cache and failed its checksum (rewrite \
          it, or acknowledge the loss with `flashtier forget-lost`)"
     )]
-    Lost { lba: u64 },
+    /// A block whose newest data failed its checksum in the cache.
+    Lost {
+        /// The block's number (in cache blocks).
+        lba: u64,
+    },
 }
 
 impl From<IntegrityError> for std::io::Error {

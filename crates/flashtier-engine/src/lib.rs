@@ -5,7 +5,7 @@
 //! is a *record* appended to the log on the cache device, and the in-memory index is nothing but
 //! the result of applying those records in order. Recovery after a crash loads the last
 //! checkpoint (a snapshot of the index) and applies the records written since, with the very same
-//! function the live path uses ([`state::State::apply`]). That one idea carries the durability
+//! function the live path uses (`state::State::apply`). That one idea carries the durability
 //! contract:
 //!
 //! - **One write = one record**, checksummed together with its data, so a write up to the atomic
@@ -27,34 +27,41 @@
 //! is both the write-throughput trick and what keeps flash wear down. The index maps each cached
 //! block to its slot in ~13 bytes of RAM per cache block.
 //!
-//! Modules: [`layout`] (the on-device format), [`index`], [`segments`], [`log`] (the writer
-//! thread), [`recover`], [`cache`] (the volume and its per-mode I/O paths), [`cleaner`],
-//! [`reclaim`], [`writeback`] (the background cleaner and its controller), [`guards`] (keeping promotions from caching stale data), [`policy`] (modes,
-//! sequential stream detection, n-hit admission), [`stats`], [`tunables`] (the live parameters).
+//! Modules: `layout` (the on-device format), `index`, `segments`, `log` (the writer thread),
+//! `recover`, `cache` (the volume and its per-mode I/O paths), `cleaner`, `reclaim`, `writeback`
+//! (the background cleaner and its controller), `guards` (keeping promotions from caching stale
+//! data), `policy` (modes, sequential stream detection, n-hit admission), `stats`, [`tunables`]
+//! (the live parameters). They are private: the crate root re-exports what the binary and the
+//! control plane use, [`adopt`] and [`tunables`] are public as the namespaces callers name, and
+//! [`internals`] (hidden) serves the integration tests and fuzzers.
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+#![warn(unnameable_types)]
 
 pub mod adopt;
-pub mod cache;
-pub mod cleaner;
-pub mod detach;
-pub mod engine;
-pub mod guards;
-pub mod health;
-pub mod index;
-pub mod integrity;
-pub mod layout;
-pub mod log;
-pub mod lost;
-pub mod policy;
+mod cache;
+mod cleaner;
+mod detach;
+mod engine;
+mod guards;
+mod health;
+mod index;
+mod integrity;
+mod layout;
+mod log;
+mod lost;
+mod policy;
 mod range_lock;
-pub mod reclaim;
-pub mod recover;
-pub mod scan;
-pub mod scrub;
-pub mod segments;
-pub mod state;
-pub mod stats;
+mod reclaim;
+mod recover;
+mod scan;
+mod scrub;
+mod segments;
+mod state;
+mod stats;
 pub mod tunables;
-pub mod writeback;
+mod writeback;
 
 pub use cache::{Cache, Status};
 pub use detach::{ReleaseError, Released};
@@ -63,23 +70,41 @@ pub use integrity::IntegrityError;
 pub use layout::superblock::{
     BackingIdentity, FieldDiff, IdentityCheck, IdentityField, Superblock,
 };
+pub use layout::Geometry;
 pub use layout::{Corruption, Structure};
 pub use policy::{Mode, PromotionPolicy, ReclaimPolicy};
 pub use recover::{read_superblock, Damage};
+pub use scan::{scan, ScanReport};
 pub use scrub::{ScrubProgress, ScrubReport};
 pub use stats::StatsSnapshot;
 pub use tunables::{ParamError, ParamInfo, PARAMS};
 pub use writeback::{WritebackState, WritebackStatus};
 
+/// The on-device format's types and decoders, for the engine's own integration tests and the
+/// fuzz harness, not for the crates that use the engine: a power-loss or integrity test has to
+/// damage an image in one precise place (a batch header, a checkpoint body, one superblock copy)
+/// and a fuzzer calls the decoders directly.
+/// Re-exporting those parts of `layout` here, rather than making it public, keeps them out of
+/// the documented API and makes every use of them from outside the engine say `internals`. It
+/// carries no stability promise.
+#[doc(hidden)]
+pub mod internals {
+    pub use crate::layout::{batch, checkpoint, superblock, FORMAT_VERSION, META_BLOCK};
+}
+
 /// Errors reading or writing the on-device format.
 #[derive(Debug, thiserror::Error)]
 pub enum FormatError {
+    /// The device holds no flashtier superblock.
     #[error("not a flashtier cache (no flashtier superblock)")]
     NotACache,
+    /// A cache written in a format version this build does not read.
     #[error("cache format version {0} is not supported by this flashtier (it reads version {v})", v = layout::FORMAT_VERSION)]
     UnsupportedVersion(u32),
+    /// Metadata that fails its checks (checksums, ranges); says what and where.
     #[error("cache metadata is damaged: {0}")]
     Corrupt(layout::Corruption),
+    /// Parameters the format cannot express (sizes, lengths); says which.
     #[error("{0}")]
     Invalid(String),
 }
@@ -87,8 +112,10 @@ pub enum FormatError {
 /// Errors opening, formatting or closing a cache.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    /// The on-device format refused the device.
     #[error(transparent)]
     Format(#[from] FormatError),
+    /// The cache belongs to another backing store than the one it is opened with.
     #[error(
         "this cache belongs to backing store '{}' ({} bytes), and '{}' is another one ({}); \
          use the backing store it was formatted for, or, if this one deliberately replaces it, \
@@ -97,11 +124,14 @@ pub enum EngineError {
         mismatches.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
     )]
     WrongBacking {
+        /// The backing store recorded in the cache.
         expected: Box<BackingIdentity>,
+        /// The backing store it is opened with.
         found: Box<BackingIdentity>,
         /// Each required fact that differs, expected vs found.
         mismatches: Vec<FieldDiff>,
     },
+    /// Replacing the backing store would lose dirty data of the old one.
     #[error(
         "the cache holds {} of its old backing store '{backing}' not written back yet; \
          write it back to that store first (serve it, then `flashtier flush`), or pass \
@@ -112,15 +142,20 @@ pub enum EngineError {
         }
     )]
     DirtyData {
+        /// The name of the backing store the dirty data belongs to.
         backing: String,
         /// None: the cache does not recover, so it may hold any amount.
         dirty_blocks: Option<u64>,
+        /// The cache's block size, to tell the bytes.
         block_size: u32,
     },
+    /// A request that cannot be carried out as asked; says why.
     #[error("{0}")]
     Invalid(String),
+    /// The cache device failed a read, write or flush.
     #[error("cache device I/O failed: {0}")]
     CacheIo(#[source] std::io::Error),
+    /// The backing store failed a read, write or flush.
     #[error("backing store I/O failed: {0}")]
     BackingIo(#[source] std::io::Error),
 }

@@ -42,7 +42,7 @@ use crate::stats::Stats;
 /// on [`LogError::ReserveFull`]); errno appears only when it becomes an `io::Error` on its way
 /// to a client, so a real ENOSPC from the cache device is never taken for a full reserve.
 #[derive(Debug, Clone, thiserror::Error)]
-pub enum LogError {
+pub(crate) enum LogError {
     /// The cache is closing; nothing more is written.
     #[error("the cache is closing")]
     Shutdown,

@@ -54,21 +54,53 @@ use crate::{EngineError, FormatError};
 pub enum Damage {
     /// A superblock copy failed its checks; the other copy was used (the next superblock write
     /// goes to the damaged copy).
-    SuperblockCopy { copy: u8, error: String },
+    SuperblockCopy {
+        /// Which copy (0 or 1).
+        copy: u8,
+        /// What was wrong with it.
+        error: String,
+    },
     /// A checkpoint slot failed its checks; recovery used the other one (the next checkpoint
     /// goes to the damaged slot).
-    Checkpoint { slot: u32, error: String },
+    Checkpoint {
+        /// Which slot (0 or 1).
+        slot: u32,
+        /// What was wrong with it.
+        error: String,
+    },
     /// A batch header in the durable part of the log was damaged; its copy in the next header
     /// was used instead, so nothing was lost.
-    Header { seq: u64 },
+    Header {
+        /// Sequence number of the batch's first record.
+        seq: u64,
+    },
     /// A record in the durable part of the log failed its checksum: its blocks are lost.
-    Record { seq: u64, lba: u64, blocks: u32 },
+    Record {
+        /// The record's sequence number.
+        seq: u64,
+        /// First block it wrote.
+        lba: u64,
+        /// How many blocks it wrote.
+        blocks: u32,
+    },
     /// A cached copy of clean data (a promotion, or a block reclaim moved) failed its checksum:
     /// it is read from the backing store again (or from where it was moved from).
-    CleanRecord { seq: u64, lba: u64, blocks: u32 },
+    CleanRecord {
+        /// The record's sequence number.
+        seq: u64,
+        /// First block it held.
+        lba: u64,
+        /// How many blocks it held.
+        blocks: u32,
+    },
     /// Records whose header and its copy were both damaged: the blocks they wrote are unknown
     /// and may read older data.
-    Unknown { seq_first: u64, seq_end: u64 },
+    Unknown {
+        /// Sequence number of the first unknown record.
+        seq_first: u64,
+        /// Sequence number after the last one.
+        seq_end: u64,
+    },
 }
 
 impl Damage {
@@ -1079,7 +1111,7 @@ mod tests {
     use std::sync::mpsc;
     use std::time::Duration;
 
-    use flashtier_io::MemDev;
+    use flashtier_testkit::MemDev;
 
     use super::*;
     use crate::layout::superblock::BackingIdentity;

@@ -121,7 +121,7 @@ pub fn scan(dev: &dyn BlockDev, mut progress: impl FnMut(u64, u64)) -> std::io::
 mod tests {
     use std::sync::Arc;
 
-    use flashtier_io::MemDev;
+    use flashtier_testkit::MemDev;
 
     use super::*;
     use crate::engine::{format, FormatOptions};

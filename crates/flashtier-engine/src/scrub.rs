@@ -24,8 +24,11 @@ const MAX_READ: usize = 1 << 20;
 /// How far a scrub has got; shared with whoever watches it.
 #[derive(Debug, Default)]
 pub struct ScrubProgress {
+    /// Segments checked so far.
     pub segments_done: AtomicU64,
+    /// Segments to check in all.
     pub segments_total: AtomicU64,
+    /// Cached blocks read and checked so far.
     pub checked_blocks: AtomicU64,
     /// Clean blocks that failed and were dropped (they are read from the backing store).
     pub dropped_blocks: AtomicU64,
@@ -36,13 +39,18 @@ pub struct ScrubProgress {
 /// What a finished (or cancelled) scrub found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ScrubReport {
+    /// Cached blocks read and checked.
     pub checked_blocks: u64,
+    /// Clean blocks that failed and were dropped (they are read from the backing store).
     pub dropped_blocks: u64,
+    /// Dirty blocks that failed: lost.
     pub lost_blocks: u64,
+    /// Whether the scrub was cancelled before it checked everything.
     pub cancelled: bool,
 }
 
 impl ScrubProgress {
+    /// The counts so far, as a report (`cancelled`: the scrub stopped early).
     pub fn report(&self, cancelled: bool) -> ScrubReport {
         ScrubReport {
             checked_blocks: self.checked_blocks.load(Ordering::Relaxed),

@@ -56,6 +56,7 @@ pub struct Segments {
 
 impl Segments {
     /// All segments free, in order.
+    #[cfg(test)]
     pub fn new(count: u32, blocks_per_segment: u32) -> Segments {
         Segments::with_free(count, blocks_per_segment, (0..count).collect())
     }
@@ -87,10 +88,7 @@ impl Segments {
         self.state.len() as u32
     }
 
-    pub fn blocks_per_segment(&self) -> u32 {
-        self.blocks_per_segment
-    }
-
+    #[cfg(test)]
     pub fn state(&self, seg: u32) -> SegState {
         self.state[seg as usize]
     }

@@ -26,6 +26,7 @@ use crate::policy::{PromotionPolicy, ReclaimPolicy};
 /// What an operator needs to know about one parameter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ParamInfo {
+    /// Its name, as `flashtier config` and the control socket take it.
     pub name: &'static str,
     /// One or two sentences: what it does and when to change it.
     pub doc: &'static str,
@@ -36,22 +37,22 @@ pub struct ParamInfo {
 }
 
 /// Largest sequential cutoff: a stream longer than 1 GiB is sequential by any standard.
-pub const MAX_CUTOFF_KIB: u32 = 1 << 20;
+pub(crate) const MAX_CUTOFF_KIB: u32 = 1 << 20;
 /// Largest n for n-hit promotion.
-pub const MAX_PROMOTION_NHIT: u32 = 255;
+pub(crate) const MAX_PROMOTION_NHIT: u32 = 255;
 /// Longest n-hit window: a day.
-pub const MAX_PROMOTION_WINDOW_SECS: u32 = 86_400;
+pub(crate) const MAX_PROMOTION_WINDOW_SECS: u32 = 86_400;
 /// Longest write-back age: a day.
-pub const MAX_WRITEBACK_AGE_SECS: u32 = 86_400;
+pub(crate) const MAX_WRITEBACK_AGE_SECS: u32 = 86_400;
 /// Longest backing idle delay: an hour.
-pub const MAX_WRITEBACK_IDLE_MS: u32 = 3_600_000;
+pub(crate) const MAX_WRITEBACK_IDLE_MS: u32 = 3_600_000;
 /// Largest write-back rate cap: 16 GiB/s (beyond any backing store).
-pub const MAX_WRITEBACK_RATE_KIB: u32 = 16 << 20;
+pub(crate) const MAX_WRITEBACK_RATE_KIB: u32 = 16 << 20;
 /// Most backing writes in flight per cleaning pass.
-pub const MAX_WRITEBACK_INFLIGHT: u32 = 64;
+pub(crate) const MAX_WRITEBACK_INFLIGHT: u32 = 64;
 /// Smallest and largest coalesced backing write.
-pub const MIN_WRITEBACK_IO_KIB: u32 = 4;
-pub const MAX_WRITEBACK_IO_KIB: u32 = 16 << 10;
+pub(crate) const MIN_WRITEBACK_IO_KIB: u32 = 4;
+pub(crate) const MAX_WRITEBACK_IO_KIB: u32 = 16 << 10;
 
 /// Every live parameter, in the order tables show them.
 pub const PARAMS: &[ParamInfo] = &[
@@ -187,21 +188,35 @@ pub const ORDERED: &[(&str, &str)] = &[("writeback_dirty_low_pct", "writeback_di
 /// A parameter name or value that was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ParamError {
+    /// A name that is not a parameter.
     #[error("unknown parameter '{name}' (known: {known})")]
-    Unknown { name: String, known: String },
+    Unknown {
+        /// The name given.
+        name: String,
+        /// The parameters there are, for the message.
+        known: String,
+    },
+    /// A value the parameter does not take.
     #[error("invalid value '{value}' for {name}: allowed {allowed}")]
     Invalid {
+        /// The parameter.
         name: &'static str,
+        /// The value given.
         value: String,
+        /// What it takes, as `--help` shows it.
         allowed: &'static str,
     },
     /// Two values that must be ordered are not. Each value says where it comes from when it is
     /// not one being set ("70, the current value", "70, the default").
     #[error("{below} ({below_value}) must be below {above} ({above_value})")]
     Conflict {
+        /// The parameter that must be the lower.
         below: &'static str,
+        /// Its value, and where it comes from.
         below_value: String,
+        /// The parameter that must be the higher.
         above: &'static str,
+        /// Its value, and where it comes from.
         above_value: String,
     },
 }
@@ -379,7 +394,7 @@ fn parse(name: &str, value: &str) -> Result<Setting, ParamError> {
 }
 
 /// The live values the I/O paths read (the reclaim policy lives with the engine's other state).
-pub struct Tunables {
+pub(crate) struct Tunables {
     cutoff_read_kib: AtomicU32,
     cutoff_write_kib: AtomicU32,
     promotion: AtomicU8,

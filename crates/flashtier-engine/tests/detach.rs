@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use common::*;
 use flashtier_engine::{read_superblock, Mode, ReleaseError};
-use flashtier_io::{BlockDev, CrashDev};
+use flashtier_io::BlockDev;
+use flashtier_testkit::CrashDev;
 
 const BACKING: u64 = 1 << 20;
 

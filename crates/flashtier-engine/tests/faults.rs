@@ -39,7 +39,8 @@ use std::time::Duration;
 
 use common::*;
 use flashtier_engine::{Cache, Mode, ReclaimPolicy};
-use flashtier_io::{BlockDev, CrashDev, CrashPolicy, Fault, FaultDev, WriteFailure, ZeroOpts};
+use flashtier_io::{BlockDev, ZeroOpts};
+use flashtier_testkit::{CrashDev, CrashPolicy, Fault, FaultDev, WriteFailure};
 
 const BACKING: u64 = 4 << 20;
 const CACHE: usize = 1 << 20;

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use common::*;
 use flashtier_engine::Mode;
-use flashtier_io::{BlockDev, CrashDev};
+use flashtier_io::BlockDev;
+use flashtier_testkit::CrashDev;
 
 /// Blocks written (8 runs of one block, far apart: each is its own backing write).
 const LBAS: [u64; 8] = [0, 10, 20, 30, 40, 50, 60, 70];

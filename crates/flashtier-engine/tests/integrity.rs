@@ -11,9 +11,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use common::*;
-use flashtier_engine::layout::batch::{BatchHeader, Kind};
+use flashtier_engine::internals::batch::{BatchHeader, Kind};
 use flashtier_engine::{read_superblock, Cache, Damage, Mode, ScrubProgress};
-use flashtier_io::{BlockDev, FaultDev, MemDev};
+use flashtier_io::BlockDev;
+use flashtier_testkit::{FaultDev, MemDev};
 
 const CACHE: usize = 32 << 20;
 const BACKING: u64 = 64 << 20;
@@ -480,7 +481,7 @@ fn a_damaged_checkpoint_falls_back_to_the_older_one() {
 /// segments for the log's continuation instead of ending it there.
 #[test]
 fn the_log_is_found_where_the_older_checkpoint_did_not_expect_it() {
-    use flashtier_engine::layout::checkpoint::{Checkpoint, HEADER_LEN};
+    use flashtier_engine::internals::checkpoint::{Checkpoint, HEADER_LEN};
     let cdev = Arc::new(MemDev::new(2 << 20));
     let bdev = Arc::new(MemDev::new(BACKING as usize));
     format_small(&*cdev, BACKING, Mode::WriteBack);
@@ -605,7 +606,9 @@ fn a_failed_cache_device_recovers_without_a_restart() {
     c.flush().unwrap();
 
     // The device refuses every write: the cache fails, reads of what it holds still work.
-    cdev.add(flashtier_io::Fault::FailWritesFrom(cdev.writes_seen() + 1));
+    cdev.add(flashtier_testkit::Fault::FailWritesFrom(
+        cdev.writes_seen() + 1,
+    ));
     assert!(c.write_at(&block(100), 100 * BS, false).is_err());
     assert!(c.status().failed);
     assert!(c.status().cache_failure.is_some());
@@ -651,7 +654,7 @@ fn blocks_a_failed_sync_lost_are_found_before_the_log_goes_on() {
     c.write_at(&block(2), 2 * BS, false).unwrap();
     c.write_at(&block(3), 3 * BS, false).unwrap();
     // The sync fails and keeps failing while block 3 "is lost" by the device.
-    cdev.add(flashtier_io::Fault::FailFlushesFrom(
+    cdev.add(flashtier_testkit::Fault::FailFlushesFrom(
         cdev.flushes_seen() + 1,
     ));
     assert!(c.flush().is_err());

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use flashtier_engine::{Cache, Mode};
-use flashtier_io::{BlockDev, MemDev, SlowDev};
+use flashtier_io::{BlockDev, SlowDev};
+use flashtier_testkit::MemDev;
 
 /// Each backing request takes this long, one at a time.
 const SEEK: Duration = Duration::from_millis(300);

@@ -55,7 +55,8 @@ use std::sync::Arc;
 
 use common::*;
 use flashtier_engine::{Cache, Mode, ReclaimPolicy};
-use flashtier_io::{BlockDev, CrashDev, MemDev, ZeroOpts};
+use flashtier_io::{BlockDev, ZeroOpts};
+use flashtier_testkit::{CrashDev, MemDev};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestRunner};
 
@@ -677,7 +678,7 @@ fn promotion_of_unflushed_backing_data_is_not_cached() {
     // Let the promotion reach the log writer's queue before the FUA write syncs it.
     std::thread::sleep(std::time::Duration::from_millis(20));
     c.write_at(&[0x46; BS as usize], 2 * BS, true).unwrap();
-    let imgs = rail.crash_images(1, flashtier_io::CrashPolicy::drop_all());
+    let imgs = rail.crash_images(1, flashtier_testkit::CrashPolicy::drop_all());
     drop(c);
     let c = reopen_images(imgs);
     let after_recovery = read_block(&c, 0);
@@ -708,7 +709,7 @@ fn flush_after_reopen_covers_writes_before_close() {
     let rail = Rail::new();
     let c = open(rail.attach(cdev), rail.attach(bdev), None).unwrap();
     c.flush().unwrap();
-    let imgs = rail.crash_images(1, flashtier_io::CrashPolicy::drop_all());
+    let imgs = rail.crash_images(1, flashtier_testkit::CrashPolicy::drop_all());
     drop(c);
     let c = reopen_images(imgs);
     assert_eq!(
@@ -1037,7 +1038,7 @@ fn usable_after_recovering_a_torn_log() {
     c.write_at(&[2u8; 65536], 860_160, false).unwrap();
     c.write_at(&[3u8; 2387], 492_633, true).unwrap();
     for seed in 0..30u64 {
-        let pol = flashtier_io::CrashPolicy::tear_all().with_sector(4096);
+        let pol = flashtier_testkit::CrashPolicy::tear_all().with_sector(4096);
         let cc = reopen_images(rail.crash_images(seed, pol));
         let ops = cc
             .trim(577_536, 4096)
@@ -1205,7 +1206,7 @@ fn writes_during_a_switch_to_pass_through_keep_dirty_data() {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     std::thread::sleep(std::time::Duration::from_millis(20));
-    let imgs = rail.crash_images(1, flashtier_io::CrashPolicy::drop_all());
+    let imgs = rail.crash_images(1, flashtier_testkit::CrashPolicy::drop_all());
     gate0.release();
     switch.join().unwrap().unwrap();
     writer.join().unwrap().unwrap();
@@ -1282,7 +1283,7 @@ fn writes_around_the_cache_are_not_atomic() {
     let before = read_all(&c).unwrap();
     c.write_at(&[0xAA; 2 * BS as usize], 0, false).unwrap();
     c.write_at(&[0xBB; BS as usize], 4 * BS, false).unwrap();
-    let imgs = rail.crash_images(3, flashtier_io::CrashPolicy::tear_all());
+    let imgs = rail.crash_images(3, flashtier_testkit::CrashPolicy::tear_all());
     drop(c);
     let c = reopen_images(imgs);
     let r = read_all(&c).unwrap();

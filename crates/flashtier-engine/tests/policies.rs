@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use flashtier_engine::{Cache, Mode, StatsSnapshot};
-use flashtier_io::{BlockDev, CrashDev, CrashPolicy, MemDev};
+use flashtier_io::BlockDev;
+use flashtier_testkit::{CrashDev, CrashPolicy, MemDev};
 
 const MIB: u64 = 1 << 20;
 

@@ -69,11 +69,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use flashtier_engine::layout::batch::{self, BatchHeader};
-use flashtier_engine::layout::checkpoint::Checkpoint;
-use flashtier_engine::layout::Geometry;
+use flashtier_engine::internals::batch::{self, BatchHeader};
+use flashtier_engine::internals::checkpoint::Checkpoint;
+use flashtier_engine::Geometry;
 use flashtier_engine::{read_superblock, Cache, Damage, Mode, ReclaimPolicy, Superblock};
-use flashtier_io::{BlockDev, CrashDev, CrashPolicy, ZeroOpts};
+use flashtier_io::{BlockDev, ZeroOpts};
+use flashtier_testkit::{CrashDev, CrashPolicy};
 
 const BACKING: u64 = 4 << 20;
 const BLOCKS: u64 = BACKING / BS;

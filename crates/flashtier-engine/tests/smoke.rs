@@ -1,7 +1,8 @@
 use std::sync::Arc;
 
 use flashtier_engine::{format, BackingIdentity, Cache, FormatOptions, Mode};
-use flashtier_io::{BlockDev, MemDev};
+use flashtier_io::BlockDev;
+use flashtier_testkit::MemDev;
 
 fn ident(size: u64) -> BackingIdentity {
     BackingIdentity {

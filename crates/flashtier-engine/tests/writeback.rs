@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use flashtier_engine::{Cache, Mode, ReclaimPolicy};
-use flashtier_io::{BlockDev, DevInfo, Extent, FaultDev, MemDev, ZeroOpts};
+use flashtier_io::{BlockDev, DevInfo, Extent, ZeroOpts};
+use flashtier_testkit::{FaultDev, MemDev};
 
 const MIB: u64 = 1 << 20;
 /// The backing store: 64 MiB.
@@ -469,7 +470,9 @@ fn a_failing_backing_store_is_retried_and_nothing_is_dropped() {
     ));
     let c = cache_over(bdev.clone(), 16);
     write_blocks(&c, 0, 64, 1);
-    bdev.add(flashtier_io::Fault::FailWritesFrom(bdev.writes_seen() + 1));
+    bdev.add(flashtier_testkit::Fault::FailWritesFrom(
+        bdev.writes_seen() + 1,
+    ));
     set(&c, "writeback_idle_delay_ms", "1");
     assert!(
         eventually(10, || c.stats().writeback_retries >= 2),

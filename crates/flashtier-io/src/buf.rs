@@ -62,6 +62,7 @@ impl AlignedBuf {
         }
     }
 
+    /// Bytes it can hold without reallocating.
     pub fn capacity(&self) -> usize {
         self.cap
     }

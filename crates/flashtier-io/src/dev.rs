@@ -58,6 +58,7 @@ pub struct ZeroOpts {
 /// One run of the allocation map, as reported by [`BlockDev::extents`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Extent {
+    /// Length of the run in bytes.
     pub len: u64,
     /// Not allocated on the medium.
     pub hole: bool,
@@ -66,6 +67,7 @@ pub struct Extent {
 }
 
 impl Extent {
+    /// A run of allocated data (neither a hole nor known zeroes).
     pub const fn data(len: u64) -> Self {
         Extent {
             len,
@@ -83,6 +85,7 @@ impl Extent {
 ///
 /// Errors are `std::io::Error` so the errno survives all the way to the NBD reply.
 pub trait BlockDev: Send + Sync {
+    /// Its size, whether it is read-only, and what it can do.
     fn info(&self) -> &DevInfo;
 
     /// One line for logs and `--help` output, e.g. `file /var/lib/x.img (O_DIRECT)`.

@@ -23,6 +23,7 @@ use crate::dev::{check_range, write_zero_buffers, BlockDev, DevInfo, Extent, Zer
 pub struct FileOptions {
     /// Bypass the page cache (`O_DIRECT`).
     pub direct: bool,
+    /// Open read-only: writes fail with `EPERM` and the file is never changed.
     pub read_only: bool,
 }
 
@@ -51,6 +52,7 @@ const BLKDISCARD: libc::c_ulong = 0x1277;
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
 
 impl FileDev {
+    /// Opens a regular file, or a block device with `O_EXCL` (a mounted one is refused).
     pub fn open(path: impl AsRef<Path>, opts: FileOptions) -> io::Result<FileDev> {
         let path = path.as_ref();
         let meta = std::fs::metadata(path).map_err(|e| annotate(e, path, "cannot open"))?;
@@ -137,6 +139,7 @@ impl FileDev {
         })
     }
 
+    /// The path it was opened by.
     pub fn path(&self) -> &Path {
         &self.path
     }

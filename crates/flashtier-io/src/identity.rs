@@ -36,7 +36,9 @@ use std::path::{Path, PathBuf};
 /// One fact about a backing store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IdentityField {
+    /// What the fact is (`kind`, `ino`, `btime`, `dev`, ...).
     pub key: String,
+    /// Its value, as text.
     pub value: String,
     /// A different value means a different backing store; otherwise the field is only shown
     /// (and updated) when it changes.
@@ -44,6 +46,7 @@ pub struct IdentityField {
 }
 
 impl IdentityField {
+    /// A fact that tells this backing store from others.
     pub fn required(key: &str, value: impl Into<String>) -> IdentityField {
         IdentityField {
             key: key.into(),
@@ -52,6 +55,7 @@ impl IdentityField {
         }
     }
 
+    /// A fact only shown to people (it may change without the store changing).
     pub fn info(key: &str, value: impl Into<String>) -> IdentityField {
         IdentityField {
             key: key.into(),

@@ -20,26 +20,31 @@
 //! - **Defence at every layer**: devices re-check ranges and read-only state even though the
 //!   front end validates requests, so a bug above cannot grow a file or write past a partition.
 //!
+//! What is here: [`FileDev`] (files and block devices, O_DIRECT or not), [`AlignedBuf`], the
+//! helpers for sparse and allocated files, [`identity`] (what names a backing store),
+//! [`signature`] (recognising what a device already holds), [`SlowDev`] (a slow disk, for
+//! `flashtier demo`), and [`sys`]: the few system calls the other crates need, as safe wrappers,
+//! so that the engine and the control plane can `forbid(unsafe_code)`. The devices that exist only
+//! for tests (power loss, fault injection, memory) are in the `flashtier-testkit` crate, which
+//! nothing shipped depends on.
+//!
 //! The NBD *client* device (a backing store that is any NBD server) lives in `flashtier-nbd`
 //! beside the rest of the protocol code and implements this trait.
 
+#![deny(missing_docs)]
+
 mod alloc;
 mod buf;
-pub mod crash;
 mod dev;
-pub mod fault;
 mod file;
 pub mod identity;
-mod mem;
 pub mod signature;
 mod slow;
+pub mod sys;
 pub mod sysfs;
 
 pub use alloc::{allocate_existing, allocated_bytes, create_allocated_file};
 pub use buf::{is_aligned, AlignedBuf};
-pub use crash::{CrashDev, CrashPolicy};
 pub use dev::{check_range, write_zero_buffers, BlockDev, DevInfo, Extent, ZeroOpts};
-pub use fault::{Fault, FaultDev, WriteFailure};
 pub use file::{create_sparse_file, FileDev, FileOptions};
-pub use mem::MemDev;
 pub use slow::SlowDev;

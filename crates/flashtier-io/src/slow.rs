@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::dev::{BlockDev, DevInfo, Extent, ZeroOpts};
 
+/// A device that serves one request at a time from `inner`, each after a fixed delay.
 pub struct SlowDev {
     inner: Arc<dyn BlockDev>,
     latency: Duration,
@@ -16,6 +17,7 @@ pub struct SlowDev {
 }
 
 impl SlowDev {
+    /// Wraps `inner` so that every request takes `latency` more.
     pub fn new(inner: Arc<dyn BlockDev>, latency: Duration) -> SlowDev {
         SlowDev {
             inner,
@@ -78,15 +80,16 @@ impl BlockDev for SlowDev {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::MemDev;
+    use crate::{create_sparse_file, FileDev, FileOptions};
     use std::time::Instant;
 
     #[test]
     fn requests_take_their_latency_one_at_a_time() {
-        let dev = Arc::new(SlowDev::new(
-            Arc::new(MemDev::new(1 << 20)),
-            Duration::from_millis(5),
-        ));
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("slow.img");
+        create_sparse_file(&path, 1 << 20).unwrap();
+        let file = FileDev::open(&path, FileOptions::default()).unwrap();
+        let dev = Arc::new(SlowDev::new(Arc::new(file), Duration::from_millis(5)));
         let start = Instant::now();
         std::thread::scope(|s| {
             for i in 0..4u64 {

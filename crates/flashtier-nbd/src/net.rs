@@ -225,8 +225,7 @@ pub fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
     let shown = path.display().to_string();
     let err = |e: io::Error| ServerError::Bind(shown.clone(), e);
     let refuse = |kind, why: String| err(io::Error::new(kind, why));
-    // SAFETY: geteuid has no failure modes.
-    let me = unsafe { libc::geteuid() };
+    let me = flashtier_io::sys::effective_uid();
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
             // A live server answers; a stale socket from a crash refuses and can be replaced.
@@ -503,8 +502,7 @@ mod tests {
 
     #[test]
     fn another_users_stale_socket_is_not_ours_to_remove() {
-        // SAFETY: geteuid has no failure modes.
-        if unsafe { libc::geteuid() } != 0 {
+        if flashtier_io::sys::effective_uid() != 0 {
             eprintln!("skipped: needs root to give a socket away");
             return;
         }

@@ -684,7 +684,7 @@ mod tests {
 
     /// A device whose FLUSH waits until the test opens the gate.
     struct GatedFlush {
-        inner: flashtier_io::MemDev,
+        inner: flashtier_testkit::MemDev,
         open: parking_lot::Mutex<bool>,
         opened: parking_lot::Condvar,
     }
@@ -727,7 +727,7 @@ mod tests {
 
         const SIZE: u64 = 1 << 20;
         let dev = Arc::new(GatedFlush {
-            inner: flashtier_io::MemDev::new(SIZE as usize),
+            inner: flashtier_testkit::MemDev::new(SIZE as usize),
             open: parking_lot::Mutex::new(false),
             opened: parking_lot::Condvar::new(),
         });

@@ -105,7 +105,7 @@ pub fn run(args: FormatArgs) -> anyhow::Result<()> {
         return format_device(&args, segment_size, identity, true);
     };
     // A geometry that cannot fit is refused before anything is created.
-    flashtier_engine::layout::Geometry::compute(size, args.block_size, segment_size)?;
+    flashtier_engine::Geometry::compute(size, args.block_size, segment_size)?;
     create_cache_file(path, size)?;
     let formatted = format_device(&args, segment_size, identity, false);
     if formatted.is_err() {
@@ -325,7 +325,7 @@ fn refuse_to_destroy(name: &str, dev: &dyn BlockDev) -> anyhow::Result<()> {
         );
     }
     let mut next_report = 10;
-    let scan = flashtier_engine::scan::scan(dev, |done, total| {
+    let scan = flashtier_engine::scan(dev, |done, total| {
         if total >= 1 << 30 && done * 100 >= next_report * total {
             tracing::info!("{next_report}% read");
             next_report += 10;

@@ -47,6 +47,7 @@
 
 use super::le;
 
+/// The first 8 bytes of every batch header.
 pub const MAGIC: &[u8; 8] = b"FLTBATCH";
 /// Bytes of the header that carry fields; the rest of a larger cache block is zero.
 pub const HEADER_FIELDS: usize = 4096;
@@ -85,7 +86,7 @@ pub enum Kind {
 }
 
 impl Kind {
-    pub fn from_u8(v: u8) -> Option<Kind> {
+    pub(crate) fn from_u8(v: u8) -> Option<Kind> {
         Some(match v {
             1 => Kind::Write,
             2 => Kind::Promote,
@@ -97,23 +98,32 @@ impl Kind {
         })
     }
 
-    pub fn has_data(self) -> bool {
+    pub(crate) fn has_data(self) -> bool {
         matches!(self, Kind::Write | Kind::Promote | Kind::Move)
     }
 }
 
+/// One record of a batch, as its header lists it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Entry {
+    /// What the record does to the index.
     pub kind: Kind,
+    /// The blocks are not on the backing store yet.
     pub dirty: bool,
+    /// First block of the range (in cache blocks).
     pub lba: u64,
+    /// Blocks in the range.
     pub nblocks: u32,
+    /// `Move`: the slot the blocks are moved from; `Cleaned`, `Lost`: the slot of the first block.
     pub aux: u64,
+    /// The volume the record belongs to.
     pub volume: u16,
+    /// CRC32C of the record's data blocks (0 when it has none).
     pub data_crc: u32,
 }
 
 impl Entry {
+    /// Data blocks that follow the header for this record (none for records that carry no data).
     pub fn data_blocks(&self) -> u32 {
         if self.kind.has_data() {
             self.nblocks
@@ -126,6 +136,7 @@ impl Entry {
 /// What a header is: a batch of records, or one of the two record-less markers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum HeaderKind {
+    /// A header followed by its records and their data.
     #[default]
     Batch,
     /// The log continues at the start of the next segment.
@@ -136,15 +147,20 @@ pub enum HeaderKind {
     Note,
 }
 
+/// A batch header's own fields, decoded (or to encode).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BatchHeader {
+    /// Sequence number of the first record.
     pub seq_first: u64,
+    /// Log epoch it was written in.
     pub epoch: u64,
+    /// A batch, a seal or a note.
     pub kind: HeaderKind,
     /// Records with lower sequence numbers were durable when this header was written.
     pub durable: u64,
     /// Which cache wrote it (see [`log_id`]).
     pub log: u64,
+    /// Its records, in order.
     pub entries: Vec<Entry>,
     /// Headers of no records only (zero otherwise): see the layout above.
     pub ordinal: u32,
@@ -155,6 +171,7 @@ pub fn log_id(uuid: &[u8; 16]) -> u64 {
     le::u64(uuid, 0)
 }
 
+/// Why a block is not a usable batch header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BatchError {
     /// Not a batch header at all (stale data, or never written).
@@ -169,10 +186,12 @@ pub enum BatchError {
 const MAX_BATCH_DATA_BLOCKS: u64 = 1 << 18;
 
 impl BatchHeader {
+    /// Data blocks following the header.
     pub fn data_blocks(&self) -> u32 {
         self.entries.iter().map(Entry::data_blocks).sum()
     }
 
+    /// Whether it is a seal (the log continues in the next segment).
     pub fn is_seal(&self) -> bool {
         self.kind == HeaderKind::Seal
     }

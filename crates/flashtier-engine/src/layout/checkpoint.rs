@@ -28,17 +28,23 @@
 use super::{le, Corruption, Structure, FORMAT_VERSION};
 use crate::FormatError;
 
+/// The first 8 bytes of every checkpoint.
 pub const MAGIC: &[u8; 8] = b"FLTCKPT\0";
+/// Bytes of the header; the body follows.
 pub const HEADER_LEN: usize = 4096;
 const NO_SEGMENT: u32 = u32::MAX;
 const LBA_DIRTY: u64 = 1 << 63;
 /// Bytes of one index entry, and of one lost range.
 pub const ENTRY_LEN: u64 = 16;
 
+/// One cached block in a checkpoint's index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CheckpointEntry {
+    /// Where on the device its data lives.
     pub slot: u32,
+    /// Which block it is (in cache blocks).
     pub lba: u64,
+    /// It is not on the backing store yet.
     pub dirty: bool,
     /// CRC32C of the block's data in the slot, checked on every read of it.
     pub crc: u32,
@@ -47,19 +53,26 @@ pub struct CheckpointEntry {
 /// Where the log head was when the checkpoint was taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LogHead {
+    /// The segment the log was filling.
     pub segment: u32,
     /// Blocks of the segment already written.
     pub used: u32,
 }
 
+/// A snapshot of the index, the free list, the lost ranges and where the log stood.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Checkpoint {
+    /// Increases by one per checkpoint; recovery takes the valid one with the higher number.
     pub number: u64,
+    /// Replay starts at the record with this sequence number.
     pub next_seq: u64,
+    /// Log epoch at the time of the snapshot.
     pub epoch: u64,
+    /// The segment the log was filling, if any.
     pub open: Option<LogHead>,
     /// Free segments in the order the log takes them after this checkpoint.
     pub free: Vec<u32>,
+    /// Every cached block.
     pub entries: Vec<CheckpointEntry>,
     /// Ranges `(first LBA, blocks)` whose newest data was lost: reads of them fail.
     pub lost: Vec<(u64, u64)>,
@@ -68,18 +81,28 @@ pub struct Checkpoint {
 /// The fixed part of a checkpoint, decoded before its body is read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CheckpointHeader {
+    /// The checkpoint number.
     pub number: u64,
+    /// Replay starts at the record with this sequence number.
     pub next_seq: u64,
+    /// Log epoch at the time of the snapshot.
     pub epoch: u64,
+    /// The segment the log was filling, if any.
     pub open: Option<LogHead>,
+    /// Index entries in the body.
     pub entry_count: u64,
+    /// Free segments in the body.
     pub free_count: u32,
+    /// Lost ranges in the body.
     pub lost_count: u32,
+    /// Body length in bytes.
     pub body_len: u64,
+    /// CRC32C of the body.
     pub body_crc: u32,
 }
 
 impl Checkpoint {
+    /// Bytes its body takes once encoded.
     pub fn body_len(&self) -> u64 {
         self.free.len() as u64 * 4 + (self.entries.len() + self.lost.len()) as u64 * ENTRY_LEN
     }
@@ -126,6 +149,8 @@ impl Checkpoint {
         out
     }
 
+    /// Checks and decodes the fixed header (its first [`HEADER_LEN`] bytes), to learn how long the
+    /// body is before reading it.
     pub fn decode_header(h: &[u8]) -> Result<CheckpointHeader, FormatError> {
         if h.len() < HEADER_LEN || &h[0..8] != MAGIC {
             return Err(FormatError::Corrupt(Corruption::NoCheckpoint));

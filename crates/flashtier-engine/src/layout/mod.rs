@@ -27,49 +27,80 @@ use checkpoint::{CheckpointEntry, LogHead};
 /// choice between two copies, `format`'s refusal, tests) match on it rather than on text.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Corruption {
+    /// Shorter than its format says.
     #[error("{0} is truncated")]
     Truncated(Structure),
+    /// Its checksum does not match: torn or damaged.
     #[error("{0} checksum mismatch")]
     Checksum(Structure),
+    /// The slot holds no checkpoint at all.
     #[error("no checkpoint")]
     NoCheckpoint,
+    /// Neither slot holds a checkpoint that checks out; what was wrong with each.
     #[error("no valid checkpoint ({})", .0.join("; "))]
     NoValidCheckpoint(Vec<String>),
+    /// The header's body length disagrees with its entry and free counts.
     #[error("checkpoint body length is inconsistent")]
     CheckpointBodyLength,
+    /// Reading the checkpoint slot failed.
     #[error("checkpoint slot unreadable: {0}")]
     Unreadable(std::sync::Arc<std::io::Error>),
+    /// The backing store's fingerprint in the superblock is malformed; says how.
     #[error("backing fingerprint: {0}")]
     Fingerprint(&'static str),
+    /// The backing store's name is longer than its field.
     #[error("backing identity too long")]
     IdentityTooLong,
+    /// The backing store's name is not text.
     #[error("backing identity is not UTF-8")]
     IdentityNotUtf8,
+    /// Sizes and offsets that cannot describe a cache device.
     #[error("superblock geometry is inconsistent: {0:?}")]
     Geometry(Geometry),
+    /// The cache device is smaller than the geometry it was formatted with.
     #[error("the superblock describes {described} bytes but the device has only {device}")]
-    DeviceTooSmall { described: u64, device: u64 },
+    DeviceTooSmall {
+        /// Bytes the geometry uses.
+        described: u64,
+        /// Bytes the device has.
+        device: u64,
+    },
+    /// A default mode this build does not know.
     #[error("unknown mode {0}")]
     UnknownMode(u8),
+    /// A reclaim policy this build does not know.
     #[error("unknown reclaim policy {0}")]
     UnknownReclaimPolicy(u8),
+    /// A free segment number past the last segment.
     #[error("checkpoint free list has bad segment {0}")]
     BadFreeSegment(u32),
+    /// The log head lies outside the segments, or past its segment's end.
     #[error("checkpoint log head is impossible: {0:?}")]
     ImpossibleHead(LogHead),
+    /// An index entry whose slot or block lies outside the cache or the backing store.
     #[error("checkpoint entry out of range: {0:?}")]
     EntryOutOfRange(CheckpointEntry),
+    /// Two index entries for one slot or one block.
     #[error("checkpoint maps a slot or block twice: {0:?}")]
     MappedTwice(CheckpointEntry),
+    /// A lost range past the end of the backing store.
     #[error("checkpoint lost range out of range: {lba}+{blocks}")]
-    LostRangeOutOfRange { lba: u64, blocks: u64 },
+    LostRangeOutOfRange {
+        /// First block of the range.
+        lba: u64,
+        /// Blocks in it.
+        blocks: u64,
+    },
 }
 
 /// A structure of the on-device format, as [`Corruption`] names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Structure {
+    /// A superblock copy.
     Superblock,
+    /// A checkpoint's fixed header.
     CheckpointHeader,
+    /// A checkpoint's body (free list, index entries, lost ranges).
     CheckpointBody,
 }
 
@@ -99,9 +130,13 @@ pub struct Geometry {
     pub block_size: u32,
     /// Segment: the unit of log allocation and reclaim (a multiple of the block size).
     pub segment_size: u32,
+    /// Segments on the device.
     pub segment_count: u32,
+    /// Byte offset of the first checkpoint slot.
     pub checkpoint_offset: u64,
+    /// Bytes of one checkpoint slot (room for a full cache's checkpoint).
     pub checkpoint_slot_size: u64,
+    /// Byte offset of the first segment.
     pub data_offset: u64,
 }
 
@@ -179,6 +214,7 @@ impl Geometry {
         Self::lost_ranges_for(self.slot_count() as u64)
     }
 
+    /// Cache blocks in one segment.
     pub fn blocks_per_segment(&self) -> u32 {
         self.segment_size / self.block_size
     }
@@ -188,10 +224,12 @@ impl Geometry {
         self.segment_count * self.blocks_per_segment()
     }
 
+    /// The segment a slot is in.
     pub fn segment_of(&self, slot: u32) -> u32 {
         slot / self.blocks_per_segment()
     }
 
+    /// The first slot of a segment.
     pub fn first_slot(&self, segment: u32) -> u32 {
         segment * self.blocks_per_segment()
     }
@@ -201,6 +239,7 @@ impl Geometry {
         self.data_offset + slot as u64 * self.block_size as u64
     }
 
+    /// Byte offset of checkpoint slot 0 or 1 on the device.
     pub fn checkpoint_slot_offset(&self, slot: u32) -> u64 {
         self.checkpoint_offset + slot as u64 * self.checkpoint_slot_size
     }

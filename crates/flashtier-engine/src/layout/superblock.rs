@@ -36,7 +36,9 @@ use super::{le, Corruption, Geometry, Structure, FORMAT_VERSION, META_BLOCK};
 use crate::policy::{Mode, ReclaimPolicy};
 use crate::FormatError;
 
+/// The first 8 bytes of each superblock copy.
 pub const MAGIC: &[u8; 8] = b"FLASHTR\0";
+/// Bytes of one superblock copy.
 pub const LEN: usize = META_BLOCK as usize;
 const MAX_IDENTITY: usize = 1024;
 const FLAG_CLEAN: u32 = 1;
@@ -48,6 +50,7 @@ const FIELD_REQUIRED: u8 = 1;
 /// What identifies the backing store a cache belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BackingIdentity {
+    /// Its size in bytes.
     pub size: u64,
     /// Canonical path or NBD URI, as given to `format`: for people. It identifies the backing
     /// store only when the fingerprint has no required field.
@@ -60,8 +63,11 @@ pub struct BackingIdentity {
 /// One way a backing store differs from the one a cache belongs to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldDiff {
+    /// Which fact (a fingerprint key, or the size).
     pub key: String,
+    /// What the cache recorded, if it did.
     pub expected: Option<String>,
+    /// What the backing store says now, if it tells.
     pub found: Option<String>,
 }
 
@@ -214,21 +220,33 @@ fn decode_fingerprint(b: &[u8]) -> Result<Vec<IdentityField>, FormatError> {
     Ok(fields)
 }
 
+/// The cache's identity and geometry, kept in two alternating copies at the start of the device.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
+    /// Each write increments it; the valid copy with the highest wins.
     pub generation: u64,
+    /// Identifies this cache (and, by its first 8 bytes, its log).
     pub uuid: [u8; 16],
+    /// Where things are on the device.
     pub geometry: Geometry,
+    /// Size of the cache device it was formatted for, in bytes.
     pub device_size: u64,
+    /// The backing store the cache belongs to.
     pub backing: BackingIdentity,
+    /// Log epoch, incremented at every open: batches of older epochs end the log.
     pub epoch: u64,
+    /// Format time, in seconds since the Unix epoch.
     pub created: u64,
+    /// The mode the cache opens in unless told otherwise.
     pub default_mode: Mode,
+    /// Which segment reclaim empties first.
     pub reclaim: ReclaimPolicy,
+    /// The cache was closed cleanly: nothing to replay past the last checkpoint.
     pub clean_shutdown: bool,
 }
 
 impl Superblock {
+    /// The on-device bytes of one copy (checksummed); fails if the identity does not fit.
     pub fn encode(&self) -> Result<[u8; LEN], FormatError> {
         let id = self.backing.name.as_bytes();
         if id.len() > MAX_IDENTITY {
@@ -263,6 +281,7 @@ impl Superblock {
         Ok(b)
     }
 
+    /// Checks and decodes one copy.
     pub fn decode(b: &[u8]) -> Result<Superblock, FormatError> {
         if b.len() < LEN {
             return Err(FormatError::Corrupt(Corruption::Truncated(

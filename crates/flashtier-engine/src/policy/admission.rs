@@ -68,11 +68,13 @@ impl MissTable {
     }
 
     /// Entries the table holds at most.
+    #[cfg(test)]
     pub fn capacity(&self) -> usize {
         (1usize << self.bits) * WAYS
     }
 
     /// Counted misses lost to make room for others.
+    #[cfg(test)]
     pub fn evictions(&self) -> u64 {
         self.evictions.load(Ordering::Relaxed)
     }
@@ -121,6 +123,7 @@ impl MissTable {
     }
 
     /// Blocks with misses counted and not yet expired at `now` (tests, diagnostics).
+    #[cfg(test)]
     pub fn live_entries(&self, now: u32, window: u32) -> usize {
         self.shards
             .iter()

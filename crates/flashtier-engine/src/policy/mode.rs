@@ -20,6 +20,7 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// Every mode, in the order of their codes.
     pub const ALL: [Mode; 4] = [
         Mode::WriteBack,
         Mode::WriteThrough,
@@ -27,10 +28,11 @@ impl Mode {
         Mode::PassThrough,
     ];
 
-    pub fn from_u8(v: u8) -> Option<Mode> {
+    pub(crate) fn from_u8(v: u8) -> Option<Mode> {
         Mode::ALL.into_iter().find(|m| *m as u8 == v)
     }
 
+    /// Its name on the command line, in the config and in reports.
     pub fn name(self) -> &'static str {
         match self {
             Mode::WriteBack => "writeback",
@@ -89,7 +91,7 @@ pub enum ReclaimPolicy {
 }
 
 impl ReclaimPolicy {
-    pub fn from_u8(v: u8) -> Option<ReclaimPolicy> {
+    pub(crate) fn from_u8(v: u8) -> Option<ReclaimPolicy> {
         match v {
             1 => Some(ReclaimPolicy::Fifo),
             2 => Some(ReclaimPolicy::Lru),
@@ -97,6 +99,7 @@ impl ReclaimPolicy {
         }
     }
 
+    /// Its name on the command line, in the config and in reports.
     pub fn name(self) -> &'static str {
         match self {
             ReclaimPolicy::Fifo => "fifo",

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+/// When a block read from the backing store on a miss is copied into the cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[repr(u8)]
 pub enum PromotionPolicy {
@@ -14,7 +15,7 @@ pub enum PromotionPolicy {
 }
 
 impl PromotionPolicy {
-    pub fn from_u8(v: u8) -> Option<PromotionPolicy> {
+    pub(crate) fn from_u8(v: u8) -> Option<PromotionPolicy> {
         match v {
             1 => Some(PromotionPolicy::Always),
             2 => Some(PromotionPolicy::NHit),
@@ -22,6 +23,7 @@ impl PromotionPolicy {
         }
     }
 
+    /// Its name as a parameter value and in reports.
     pub fn name(self) -> &'static str {
         match self {
             PromotionPolicy::Always => "always",

@@ -112,6 +112,7 @@ impl PartialEq<&str> for WritebackState {
 /// What the cleaner is doing, for `status`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct WritebackStatus {
+    /// What the cleaner is doing now.
     pub state: WritebackState,
     /// The controller's current rate (bytes/s; 0 when it is not running).
     pub rate_bytes_per_sec: u64,

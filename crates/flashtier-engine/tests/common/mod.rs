@@ -23,7 +23,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use flashtier_engine::{format, BackingIdentity, Cache, FormatOptions, Mode, ReclaimPolicy};
-use flashtier_io::{BlockDev, CrashDev, CrashPolicy, DevInfo, Extent, ZeroOpts};
+use flashtier_io::{BlockDev, DevInfo, Extent, ZeroOpts};
+use flashtier_testkit::{CrashDev, CrashPolicy};
 
 pub const BS: u64 = 4096;
 

@@ -6,9 +6,10 @@
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
-use flashtier_engine::layout::batch::{BatchHeader, Kind};
+use flashtier_engine::internals::batch::{BatchHeader, Kind};
 use flashtier_engine::read_superblock;
-use flashtier_io::{BlockDev, MemDev};
+use flashtier_io::BlockDev;
+use flashtier_testkit::MemDev;
 
 use crate::harness::*;
 

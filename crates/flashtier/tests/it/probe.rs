@@ -13,8 +13,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use flashtier_io::{BlockDev, DevInfo, MemDev, ZeroOpts};
+use flashtier_io::{BlockDev, DevInfo, ZeroOpts};
 use flashtier_nbd::{Export, ListenAddr, Listener, Server, ServerConfig, ShutdownHandle};
+use flashtier_testkit::MemDev;
 use serde_json::Value;
 
 use crate::harness::*;

@@ -36,7 +36,7 @@ use std::fmt;
 use std::io;
 use std::sync::{Mutex, MutexGuard};
 
-use crate::dev::{check_range, BlockDev, DevInfo, Extent, ZeroOpts};
+use flashtier_io::{check_range, BlockDev, DevInfo, Extent, ZeroOpts};
 
 /// The default tearing unit: a 512-byte sector.
 pub const SECTOR: u32 = 512;
@@ -420,6 +420,8 @@ impl CrashDev {
         self.lock().powered_off = true;
     }
 
+    /// Whether the power was cut ([`power_off`](Self::power_off), [`cut_power`](Self::cut_power)):
+    /// requests fail, inspection still works.
     pub fn is_powered_off(&self) -> bool {
         self.lock().powered_off
     }

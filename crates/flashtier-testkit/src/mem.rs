@@ -3,14 +3,17 @@
 use std::io;
 use std::sync::RwLock;
 
-use crate::dev::{check_range, BlockDev, DevInfo, Extent, ZeroOpts};
+use flashtier_io::{check_range, BlockDev, DevInfo, Extent, ZeroOpts};
 
+/// A zero-filled device held in a `Vec`, trimming and zeroing quickly; writes are durable on
+/// return (flush does nothing).
 pub struct MemDev {
     info: DevInfo,
     data: RwLock<Vec<u8>>,
 }
 
 impl MemDev {
+    /// A device of `size` bytes, all zero.
     pub fn new(size: usize) -> MemDev {
         MemDev {
             info: DevInfo {
@@ -22,6 +25,7 @@ impl MemDev {
         }
     }
 
+    /// The same device refusing writes (`EPERM`), as a read-only export or disk would.
     pub fn read_only(mut self) -> MemDev {
         self.info.read_only = true;
         self

@@ -29,7 +29,7 @@ use std::fmt;
 use std::io;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::dev::{BlockDev, DevInfo, Extent, ZeroOpts};
+use flashtier_io::{BlockDev, DevInfo, Extent, ZeroOpts};
 
 /// One fault rule. Numbers are 1-based positions in the device's life-long count of write-like
 /// operations or flushes (see the [module docs](self)); use [`FaultDev::writes_seen`] or the
@@ -46,9 +46,19 @@ pub enum Fault {
     /// Every flush from the `n`th on fails.
     FailFlushesFrom(u64),
     /// Reads overlapping `[offset, offset + len)` fail (a medium error).
-    FailReads { offset: u64, len: u64 },
+    FailReads {
+        /// First byte of the failing range.
+        offset: u64,
+        /// Length of the failing range, in bytes.
+        len: u64,
+    },
     /// Write-like operations overlapping `[offset, offset + len)` fail and never land.
-    FailWritesIn { offset: u64, len: u64 },
+    FailWritesIn {
+        /// First byte of the failing range.
+        offset: u64,
+        /// Length of the failing range, in bytes.
+        len: u64,
+    },
     /// The first write-like operation numbered `n` or later fails and kills the device: it and
     /// every later request of any kind fail.
     DieAtWrite(u64),
@@ -182,6 +192,8 @@ impl<D: BlockDev + ?Sized> FaultDev<D> {
         self.lock().dead = true;
     }
 
+    /// Whether the device is dead (a `DieAt*` rule fired, or [`kill`](Self::kill)): every request
+    /// fails until [`clear`](Self::clear).
     pub fn is_dead(&self) -> bool {
         self.lock().dead
     }
@@ -409,8 +421,8 @@ impl<D: BlockDev + ?Sized> BlockDev for FaultDev<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::crash::{CrashDev, CrashPolicy};
     use crate::MemDev;
+    use crate::{CrashDev, CrashPolicy};
 
     fn mem(size: usize) -> FaultDev<MemDev> {
         FaultDev::new(Arc::new(MemDev::new(size)))
