@@ -29,7 +29,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use flashtier_io::{check_range, AlignedBuf, BlockDev, DevInfo, Extent, ZeroOpts};
-use parking_lot::RwLockReadGuard;
 
 use crate::cleaner;
 use crate::engine::{self, Engine, OpenReport};
@@ -715,15 +714,23 @@ impl Cache {
         fua: bool,
         busy: Option<&mut BusyRange<'_>>,
     ) -> io::Result<()> {
-        let order = self.e.backing_order.read();
-        self.backing_write_ordered(&order, buf, offset, fua, busy)
+        let _held = self.hold_for_backing(offset, buf.len() as u64);
+        self.backing_write_held(buf, offset, fua, busy)
     }
 
-    /// [`Cache::backing_write`] for a caller that holds `Engine::backing_order` already (a second
-    /// read lock could wait behind a cleaning pass queued meanwhile, which waits for the first).
-    fn backing_write_ordered(
+    /// Holds the blocks under `offset..offset + len` in `backing_ranges` (shared): no cleaning
+    /// pass writes an older version of them back meanwhile.
+    fn hold_for_backing(&self, offset: u64, len: u64) -> RangeGuard<'_> {
+        let bs = self.block_size();
+        let first = offset / bs;
+        self.e
+            .backing_ranges
+            .lock(first, (offset + len).div_ceil(bs) - first, false)
+    }
+
+    /// [`Cache::backing_write`] for a caller that holds the blocks already.
+    fn backing_write_held(
         &self,
-        _order: &RwLockReadGuard<'_, ()>,
         buf: &[u8],
         offset: u64,
         fua: bool,
@@ -799,12 +806,12 @@ impl Cache {
     /// `lba`. `invalidated` runs once the INVALIDATEs are applied, before they are synced; what
     /// it returns is kept until the backing writes are done.
     ///
-    /// `backing_order` is held from the INVALIDATEs on, not just for the backing writes: a
-    /// write-back write that lands in the cache on these blocks after the INVALIDATE is newer
-    /// than this one, and a cleaning pass must not write it back and mark it clean before this
-    /// write reaches the backing store under it. (Not before the INVALIDATEs: appending may wait
-    /// for reclaim, which may wait for a cleaning pass. The sync below is a system request for
-    /// the same reason.)
+    /// The blocks are held in `backing_ranges` from the INVALIDATEs on, not just for the backing
+    /// writes: a write-back write that lands in the cache on these blocks after the INVALIDATE is
+    /// newer than this one, and a cleaning pass must not write it back and mark it clean before
+    /// this write reaches the backing store under it. (Not before the INVALIDATEs: appending may
+    /// wait for reclaim, which may wait for a cleaning pass of these blocks. The sync below is a
+    /// system request for the same reason.)
     fn write_around_runs<T>(
         &self,
         lba: u64,
@@ -822,15 +829,15 @@ impl Cache {
         for &(first, n) in runs {
             self.append_invalidate(lba + first, n)?;
         }
-        let order = e.backing_order.read();
+        let _held = self.hold_for_backing(lba * bs, data.len() as u64);
         let _kept = invalidated();
         // As a system request: a client sync waits while client records wait for log space, and
-        // the reclaim they wait for may need a cleaning pass, which waits for `order`.
+        // the reclaim they wait for may need a cleaning pass, which waits for these blocks.
         e.log.sync_vouched(true)?;
         for (&(first, n), busy) in runs.iter().zip(&mut busy) {
             Stats::add(&e.stats.write_blocks, n);
             let part = &data[(first * bs) as usize..((first + n) * bs) as usize];
-            self.backing_write_ordered(&order, part, (lba + first) * bs, fua, Some(busy))?;
+            self.backing_write_held(part, (lba + first) * bs, fua, Some(busy))?;
         }
         Ok(())
     }
@@ -1012,7 +1019,7 @@ impl BlockDev for Cache {
         let last = ((offset + len) / bs).min(e.cached_blocks).max(first);
         let mut busy = e.guards.busy(first, last - first);
         self.invalidate(first, last - first)?;
-        let _order = e.backing_order.read();
+        let _held = self.hold_for_backing(offset, len);
         e.backing_unflushed.store(true, Ordering::Release);
         busy.written_unflushed();
         let _fg = e.foreground_io();
@@ -1048,7 +1055,7 @@ impl BlockDev for Cache {
             cleaner::clean_pass(e, |st| cleaner::dirty_in_range(st, slots, first, n), None)?;
             let mut busy = e.guards.busy(first, n);
             self.invalidate(first, n)?;
-            let _order = e.backing_order.read();
+            let _held = self.hold_for_backing(first * bs, n * bs);
             let _fg = e.foreground_io();
             e.backing
                 .write_zeroes(first * bs, n * bs, opts)

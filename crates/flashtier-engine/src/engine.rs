@@ -52,9 +52,12 @@ pub struct Engine {
     /// The blocks each write holds (see `range_lock`): exclusively for a read-modify-write of
     /// partial blocks, shared for whole blocks.
     pub(crate) write_ranges: crate::range_lock::RangeLock,
-    /// Shared by writes that go straight to the backing store, exclusive for a cleaning pass
-    /// (see `cleaner`).
-    pub(crate) backing_order: RwLock<()>,
+    /// The blocks a write straight to the backing store holds (shared) from its INVALIDATE on
+    /// until the backing store has it, and a cleaning pass holds (exclusive) while it writes a
+    /// run of them back (see `cleaner`).
+    pub(crate) backing_ranges: crate::range_lock::RangeLock,
+    /// Cleaning passes run one at a time.
+    pub(crate) passes: Mutex<()>,
     /// The backing store was written (bypassing the cache) since it was last flushed.
     pub(crate) backing_unflushed: AtomicBool,
     /// FLUSHes take turns for the backing store's flush (see `Cache::flush`).
@@ -389,7 +392,8 @@ pub(crate) fn open_engine(
         reclaim_policy: AtomicU8::new(new_sb.reclaim as u8),
         writes_gate: RwLock::new(()),
         write_ranges: Default::default(),
-        backing_order: RwLock::new(()),
+        backing_ranges: Default::default(),
+        passes: Mutex::new(()),
         backing_unflushed: AtomicBool::new(false),
         backing_flush_turn: Mutex::new(()),
         reclaim_turn: Mutex::new(()),
