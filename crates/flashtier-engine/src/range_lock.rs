@@ -133,6 +133,17 @@ mod tests {
         false
     }
 
+    /// Waits (a little) until `held` ranges are held, and asserts it.
+    fn settles_at(lock: &RangeLock, held: usize) {
+        for _ in 0..100 {
+            if lock.held() == held {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(lock.held(), held);
+    }
+
     #[test]
     fn only_overlapping_ranges_conflict() {
         let lock = Arc::new(RangeLock::default());
@@ -145,13 +156,7 @@ mod tests {
         );
         drop(g);
         // The waiter left behind got through once the exclusive holder was gone.
-        for _ in 0..100 {
-            if lock.held() == 0 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        assert_eq!(lock.held(), 0);
+        settles_at(&lock, 0);
     }
 
     #[test]
@@ -164,13 +169,7 @@ mod tests {
             "an exclusive overlap of a shared one"
         );
         drop(a);
-        for _ in 0..100 {
-            if lock.held() == 0 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        assert_eq!(lock.held(), 0);
+        settles_at(&lock, 0);
     }
 
     #[test]
@@ -179,13 +178,7 @@ mod tests {
         let mut g = lock.lock(0, 4, true);
         assert!(!gets_through(&lock, 2, 1, false));
         g.downgrade();
-        for _ in 0..100 {
-            if lock.held() == 1 {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        assert_eq!(lock.held(), 1, "the waiting shared holder got in and left");
+        settles_at(&lock, 1); // the waiting shared holder got in and left
         assert!(!gets_through(&lock, 3, 1, true), "still held, shared");
         drop(g);
     }

@@ -718,13 +718,7 @@ fn a_write_through_write_cut_by_damage_does_not_bring_back_the_older_cached_copy
     std::thread::sleep(std::time::Duration::from_millis(50)); // a note vouches for it
     c.write_at(&newer, 5 * BS, false).unwrap();
     drop(c); // crash at once: no idle note
-    let (header, data) = find_record(&cdev, 5);
-    let seq_end = headers(&cdev)
-        .into_iter()
-        .find(|(at, _)| *at == header)
-        .unwrap()
-        .1
-        .seq_end();
+    let (seq_end, data) = newest_write_of(&cdev, 5);
     flip(&cdev, data + 100);
     for (at, h) in headers(&cdev) {
         if h.seq_first >= seq_end {
@@ -763,13 +757,7 @@ fn damage_to_a_write_through_write_and_one_vouching_header_does_not_bring_back_t
         c.set_mode(Mode::WriteThrough).unwrap();
         c.write_at(&newer, 5 * BS, false).unwrap();
         drop(c); // crash at once: no idle note
-        let (header, data) = find_record(&cdev, 5);
-        let seq_end = headers(&cdev)
-            .into_iter()
-            .find(|(at, _)| *at == header)
-            .unwrap()
-            .1
-            .seq_end();
+        let (seq_end, data) = newest_write_of(&cdev, 5);
         let vouching: Vec<u64> = headers(&cdev)
             .into_iter()
             .filter(|(_, h)| h.seq_first >= seq_end && h.durable >= seq_end)
@@ -849,6 +837,19 @@ fn header_of(dev: &MemDev, seq: u64) -> u64 {
         .find(|(_, h)| h.seq_first == seq)
         .expect("no header starts at that record")
         .0
+}
+
+/// The newest record writing `lba`: the sequence number after its batch (what a header must
+/// say is durable to vouch for it) and where the block's data lies.
+fn newest_write_of(dev: &MemDev, lba: u64) -> (u64, u64) {
+    let (header, data) = find_record(dev, lba);
+    let seq_end = headers(dev)
+        .into_iter()
+        .find(|(at, _)| *at == header)
+        .unwrap()
+        .1
+        .seq_end();
+    (seq_end, data)
 }
 
 /// Every block on the cache device that decodes as a header, with its offset.
