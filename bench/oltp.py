@@ -600,7 +600,8 @@ def report(args, machine, cells, runs, images, cache_sizes, wall, out):
         "Stack: mariadbd → ext4 → loop device (O_DIRECT on its file) → nbdfuse → the configuration's NBD export. "
         f"sysbench oltp_read_write, {args.tables} tables × {args.table_size:,} rows, --rand-type=pareto, "
         f"{args.sysbench_threads} threads; InnoDB buffer pool {args.pool_mib} MiB, data directory "
-        + ", ".join(f"{m['data_bytes'] / 2**20:.0f} MiB at {p}K pages" for p, (_, m) in sorted(images.items()))
+        + ", ".join(f"{m['data_bytes'] / 2**20:.0f} MiB at {p}K pages (tables {m['table_bytes'] / 2**20:.0f} MiB)"
+                    for p, (_, m) in sorted(images.items()))
         + f" (≈{m16['data_bytes'] / (args.pool_mib << 20):.0f}× the pool), innodb_flush_log_at_trx_commit=1, "
         f"innodb_flush_method default (O_DIRECT). Slow disk: one request at a time, {args.delay_ms} ms per read and "
         f"write. Caches live on the local disk ({machine.get('disk', '?')}); the cache servers run in memory cgroups "
