@@ -2,7 +2,9 @@
 # flashtier's whole test suite, from a fresh machine: installs what the tests need (Debian
 # packages, cargo-fuzz, cargo-deb), then checks formatting and lints, runs unit and integration
 # tests against real tools (nbdinfo, qemu-img, qemu-io, nbdcopy, fio, nbdfuse + loop + ext4),
-# builds, installs, checks and purges the Debian package, and fuzzes the protocol parsers briefly.
+# runs the OLTP benchmark briefly (bench/oltp.py --quick: MariaDB + sysbench on each storage
+# stack), builds, installs, checks and purges the Debian package, and fuzzes the protocol parsers
+# briefly.
 #
 #   ./test.sh           the default run (CI runs exactly this)
 #   ./test.sh --long    also the long soak and crash runs
@@ -15,7 +17,7 @@ long=0
 for arg in "$@"; do
     case "$arg" in
         --long) long=1 ;;
-        -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
         *) echo "test.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
     esac
 done
@@ -34,6 +36,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 step "unit and integration tests"
 export FLASHTIER_LONG=$long
 cargo test --workspace --locked --release -- --test-threads="${FLASHTIER_TEST_THREADS:-2}"
+
+step "OLTP benchmark, quick validation: MariaDB + sysbench on ext4 over each storage stack (bench/oltp.py --quick)"
+# The release binary the tests just built; results go to /tmp/flashtier-bench-quick, never bench/results.
+FLASHTIER_BIN="${CARGO_TARGET_DIR:-target}/release/flashtier" ./bench/oltp.py --quick
 
 step "Debian package: build, install, check binary, man pages, completions, unit; purge"
 ./scripts/test-package.sh

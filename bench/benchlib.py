@@ -125,15 +125,16 @@ def evict_from_page_cache(path: Path):
         os.close(fd)
 
 
-_LIVE = []  # servers and cgroups this script started and has not stopped or removed yet
+_LIVE = []  # servers, mounts and cgroups this script started and has not stopped or removed yet
 
 
 def _cleanup():
-    """Stops every server still running and removes every memory cgroup still there: runs at exit,
+    """Stops every server still running, takes down every FUSE/loop/mount stack still up and removes
+    every memory cgroup still there, newest first: runs at exit,
     including sys.exit() on an error and the SIGTERM/SIGHUP handler below."""
     for obj in reversed(list(_LIVE)):
         try:
-            obj.stop() if isinstance(obj, Server) else obj.remove()
+            obj.stop() if hasattr(obj, "stop") else obj.remove()
         except Exception as e:  # noqa: BLE001 - keep cleaning up the rest
             print(f"warning: cleanup of {obj}: {e}", flush=True)
 
@@ -205,9 +206,7 @@ class Server:
 
     def cpu_seconds(self):
         """User + system CPU time of the server so far (all threads)."""
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK
+        return proc_cpu_seconds(self.proc.pid)
 
     def io_counters(self):
         return proc_io(self.proc.pid)
@@ -266,6 +265,13 @@ class Server:
         if not self.log.closed:
             self.log.flush()
         return self.log_path.read_text(errors="replace")
+
+
+def proc_cpu_seconds(pid):
+    """User + system CPU time of a process so far (all threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
 def proc_io(pid):
@@ -337,6 +343,111 @@ class MemCgroup:
             print(f"warning: cannot remove {self.path}: {e}", flush=True)
 
 
+def _run_quiet(argv):
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True)
+
+
+def _run_checked(argv, what=None):
+    out = _run_quiet(argv)
+    if out.returncode != 0:
+        raise RuntimeError(f"{what or ' '.join(map(str, argv))} failed (exit {out.returncode}):\n"
+                           f"{out.stdout}{out.stderr}")
+    return out.stdout
+
+
+class LoopMount:
+    """A loop device on `file` (with `direct_io`: the loop device reads and writes the file with
+    O_DIRECT, so no page cache sits between the file system on it and the file), optionally
+    mounted; stop() (also at exit) unmounts, detaches it and waits until the kernel let go."""
+
+    def __init__(self, file: Path, direct_io=False):
+        argv = ["losetup", "--find", "--show", *(["--direct-io=on"] if direct_io else []), str(file)]
+        self.dev = _run_checked(argv).strip()
+        if not self.dev.startswith("/dev/loop"):
+            raise RuntimeError(f"losetup printed {self.dev!r}")
+        self.mnt = None
+        _LIVE.append(self)
+
+    def __repr__(self):
+        return f"loop device {self.dev}" + (f" mounted on {self.mnt}" if self.mnt else "")
+
+    def mount(self, mnt: Path, options=None):
+        Path(mnt).mkdir(parents=True, exist_ok=True)
+        _run_checked(["mount", *(["-o", options] if options else []), self.dev, mnt])
+        self.mnt = Path(mnt)
+
+    def umount(self):
+        if self.mnt is not None:
+            if _run_quiet(["umount", self.mnt]).returncode != 0:
+                _run_quiet(["umount", "-l", self.mnt])
+            self.mnt = None
+
+    def stop(self):
+        if self in _LIVE:
+            _LIVE.remove(self)
+        self.umount()
+        if self.dev:
+            _run_quiet(["losetup", "-d", self.dev])
+            backing = Path(f"/sys/block/{Path(self.dev).name}/loop/backing_file")
+            deadline = time.monotonic() + 20
+            while backing.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.dev = None
+
+
+class FuseLoop:
+    """An NBD export as a block device without the nbd kernel module: nbdfuse exposes it as the
+    file FUSE_DIR/nbd, and a LoopMount (O_DIRECT by default) sits on that file. stop() (also at
+    exit) unmounts, detaches the loop device, then unmounts the FUSE file system and waits for
+    nbdfuse; stop the NBD server only after it."""
+
+    def __init__(self, uri: str, fuse_dir: Path, size: int, log: Path, direct_io=True, timeout=30):
+        self.fuse_dir = Path(fuse_dir)
+        self.fuse_dir.mkdir(parents=True, exist_ok=True)
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen(["nbdfuse", str(self.fuse_dir), uri], stdin=subprocess.DEVNULL,
+                                     stdout=self.log, stderr=self.log)
+        self.loop = None
+        _LIVE.append(self)
+        file = self.fuse_dir / "nbd"
+        deadline = time.monotonic() + timeout
+        while not (file.exists() and file.stat().st_size == size):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"nbdfuse did not expose {file} ({size} bytes) for {uri}; see {log}")
+            time.sleep(0.02)
+        self.loop = LoopMount(file, direct_io)
+        self.dev = self.loop.dev
+
+    def __repr__(self):
+        return f"nbdfuse {self.fuse_dir} (pid {self.proc.pid})"
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def mount(self, mnt: Path, options=None):
+        self.loop.mount(mnt, options)
+
+    def stop(self):
+        if self in _LIVE:
+            _LIVE.remove(self)
+        if self.loop is not None:
+            self.loop.stop()
+            self.loop = None
+        # Also when nbdfuse died: its dead mount ("Transport endpoint is not connected") stays.
+        if _run_quiet(["fusermount3", "-u", self.fuse_dir]).returncode != 0 and self.proc.poll() is not None:
+            _run_quiet(["fusermount3", "-uz", self.fuse_dir])
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            _run_quiet(["fusermount3", "-uz", self.fuse_dir])
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+        return self.proc.returncode
+
+
 def slow_backing(img: Path, socket: Path, log: Path, stats: Path, reqlog: Path, delay_ms=4, extra_filters=()):
     """DESIGN.md §5's emulated slow disk: one request at a time, `delay_ms` per read and write
     (~250 random IOPS). The stats filter writes a summary of every backing I/O to `stats` when
@@ -389,6 +500,22 @@ def read_stats_file(path: Path):
 def nbdkit_file(path: Path, socket: Path, log: Path, extra=(), params=(), cgroup=None):
     argv = ["nbdkit", "-f", "--exit-with-parent", "-U", str(socket), *extra, "file", str(path), *params]
     return Server("nbdkit", argv, socket, f"nbd+unix:///?socket={socket}", log, cgroup=cgroup)
+
+
+def nbdkit_cache_filter(backing_socket: Path, socket: Path, log: Path, cache_bytes: int, tmpdir: Path,
+                        min_block="4K", cgroup=None):
+    """`nbdkit --filter=cache` in write-back mode in front of the NBD server at `backing_socket`,
+    caching reads too (cache-on-read=true: else it caches no reads at all), at most `cache_bytes`,
+    in blocks of `min_block` (its default 64K would turn each 4K write to an uncached block into a
+    64K read-modify-write from the backing store). Its cache is a temporary file in `tmpdir`
+    (emptied first), through the page cache: limit that with `cgroup`."""
+    shutil.rmtree(tmpdir, ignore_errors=True)
+    Path(tmpdir).mkdir(parents=True)
+    argv = ["nbdkit", "-f", "--exit-with-parent", "-U", str(socket), "--filter=cache", "nbd",
+            f"socket={backing_socket}", "cache=writeback", "cache-on-read=true",
+            f"cache-max-size={cache_bytes >> 20}M", f"cache-min-block-size={min_block}"]
+    return Server("nbdkit", argv, socket, f"nbd+unix:///?socket={socket}", log,
+                  env={**os.environ, "TMPDIR": str(tmpdir)}, cgroup=cgroup)
 
 
 def flashtier_serve(binary: Path, backing: str, socket: Path, log: Path, extra=(), cgroup=None, env=None):
@@ -879,6 +1006,25 @@ def flashtier_report(binary: Path, control: Path):
     """The running server's report (`flashtier stats --json`) as a dict."""
     _, text = flashtier_ctl(binary, control, "stats", "--json")
     return json.loads(text[text.index("{"):])
+
+
+def flashtier_wait_promotions(binary: Path, control: Path, quiet=1.0, timeout=60.0):
+    """Waits until the running server's read promotions have settled (promoted_blocks and
+    promotions_dropped unchanged for `quiet` seconds), e.g. after a warm-up pass that queued them.
+    Returns the seconds waited. Unlike Server.wait_io_quiet it ignores background writes
+    (checkpoints, reclaim) that need not stop."""
+    t0 = time.time()
+
+    def settled():
+        c = flashtier_report(binary, control)["counters"]
+        return c.get("promoted_blocks"), c.get("promotions_dropped")
+    last, since = settled(), time.time()
+    while time.time() - since < quiet and time.time() - t0 < timeout:
+        time.sleep(0.2)
+        now = settled()
+        if now != last:
+            last, since = now, time.time()
+    return time.time() - t0
 
 
 def report_cache_status(report):

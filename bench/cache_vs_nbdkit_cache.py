@@ -35,7 +35,6 @@ Writes bench/results/cache_vs_nbdkit_cache.{md,json,png}. Needs root (cgroups).
 
 import argparse
 import os
-import shutil
 import time
 
 import benchlib as bl
@@ -98,17 +97,9 @@ def main():
         servers["flashtier"] = bl.flashtier_cache_serve(
             binary, cache_img, backing["flashtier"].uri, work / "peer-flashtier.sock", work / "peer-flashtier.log",
             threads=args.threads, cgroup=cgroups["flashtier"])
-        tmp = work / "peer-nbdkit-tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        sock = work / "peer-nbdkit.sock"
-        servers["nbdkit"] = bl.Server(
-            "nbdkit",
-            ["nbdkit", "-f", "--exit-with-parent", "-U", str(sock), "--filter=cache", "nbd", f"socket={backing['nbdkit'].socket}",
-             "cache=writeback", "cache-on-read=true", f"cache-max-size={args.cache_mib}M",
-             f"cache-min-block-size={args.nbdkit_block}"],
-            sock, f"nbd+unix:///?socket={sock}", work / "peer-nbdkit.log",
-            env={**os.environ, "TMPDIR": str(tmp)}, cgroup=cgroups["nbdkit"])
+        servers["nbdkit"] = bl.nbdkit_cache_filter(
+            backing["nbdkit"].socket, work / "peer-nbdkit.sock", work / "peer-nbdkit.log", args.cache_mib << 20,
+            work / "peer-nbdkit-tmp", min_block=args.nbdkit_block, cgroup=cgroups["nbdkit"])
 
         # Warm both with sequential reads of the working set until a pass reads nothing from the disk.
         for name in SERVERS:
