@@ -910,8 +910,7 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
                     let n = e.data_blocks() as usize;
                     let bytes = &data[at_block * bs..(at_block + n) * bs];
                     let crcs = batch::block_crcs(bytes, bs);
-                    let intact = n == 0
-                        || (readable && batch::combine_crcs(&crcs, bytes.len()) == e.data_crc);
+                    let intact = n == 0 || (readable && batch::data_crc(bytes) == e.data_crc);
                     let seq = header.seq_first + applied as u64;
                     if intact {
                         state.apply(e, header_slot + 1 + at_block as u32, &crcs);

@@ -343,18 +343,6 @@ pub fn block_crcs(data: &[u8], block: usize) -> Vec<u32> {
     data.chunks(block.max(1)).map(crc32c::crc32c).collect()
 }
 
-/// The record CRC ([`data_crc`]) of data whose blocks (all of equal size, `total` bytes in all)
-/// have the CRCs `blocks`, without reading the data again.
-pub fn combine_crcs(blocks: &[u32], total: usize) -> u32 {
-    let Some((&first, rest)) = blocks.split_first() else {
-        return 0;
-    };
-    let block = (total / blocks.len()) as u64;
-    rest.iter().fold(first, |acc, &c| {
-        crc32c::crc32c_combine(acc, c, block as usize)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
