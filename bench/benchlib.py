@@ -540,6 +540,9 @@ def flashtier_format(binary: Path, cache: Path, backing: str, size: int, prefill
         argv = [str(binary), "format", "--cache", str(cache), "--backing", backing, "--size", str(size)]
     if segment_size:
         argv += ["--segment-size", str(segment_size)]
+    # The quick device probe (2 s of I/O on the cache's filesystem) would only add noise before a
+    # measurement; `flashtier probe` measures the device on its own.
+    argv += ["--no-probe"]
     argv += list(extra)
     out = subprocess.run(argv, capture_output=True, text=True)
     if out.returncode != 0:
