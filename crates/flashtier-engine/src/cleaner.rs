@@ -22,17 +22,12 @@
 //! and marks nothing clean.
 //!
 //! Who runs passes: reclaim (a victim's dirty blocks), `write_back_all` (flush, mode switch),
-//! write-zeroes (dirty blocks in its range) and the background cleaner (`writeback`). Passes run
-//! one at a time (`Engine::passes`).
+//! write-zeroes (dirty blocks in its range) and the background cleaner (`writeback`), which
+//! chooses small passes so the exclusive lock below is held briefly.
 //!
-//! A pass must not land an old version of a block on the backing store after a newer version
-//! written straight there (write-through, write-around, trim, write-zeroes). Those writes hold
-//! their blocks in `Engine::backing_ranges` (shared) from their INVALIDATE, or their record, until
-//! the backing store has them; a pass holds each run (exclusive) only while it writes that run,
-//! and first checks that each block still lives in the slot it chose: one rewritten or
-//! invalidated since is skipped. So a pass waits only for writes of the same blocks, and writes
-//! of other blocks never wait for a pass (before, one lock for the whole pass stalled every write
-//! around the cache for its length).
+//! Passes are exclusive with writes that go around the cache (`Engine::backing_order`): a pass
+//! that read an old version of a block must not land on the backing store after a newer version
+//! written straight there.
 
 use std::io;
 use std::ops::Range;
@@ -80,8 +75,8 @@ impl PassIo {
     }
 }
 
-/// Cleans the dirty blocks chosen by `select` (called with the state locked for reading).
-/// Returns blocks written back.
+/// Cleans the dirty blocks chosen by `select` (called with the state locked for reading, under
+/// the pass's exclusive lock, so no bypass write is in flight). Returns blocks written back.
 ///
 /// When `cancel` is set during the pass, it stops before the next backing write, flushes the
 /// backing store and marks clean only what it wrote (the blocks of the runs written so far).
@@ -100,8 +95,7 @@ pub(crate) fn clean_pass_with(
     cancel: Option<&AtomicBool>,
     pass_io: PassIo,
 ) -> io::Result<u64> {
-    // Chosen before waiting for another pass: a choice gone stale meanwhile is harmless (each
-    // run is checked again below), and a pass with nothing to do never waits.
+    let _exclusive = e.backing_order.write();
     let (blocks, generations) = {
         let st = e.state.read();
         let mut blocks = select(&st);
@@ -113,7 +107,6 @@ pub(crate) fn clean_pass_with(
     if blocks.is_empty() {
         return Ok(0);
     }
-    let _one_pass = e.passes.lock();
     e.log.sync_vouched(true)?;
     let backing_errors = e.stats.backing_errors.load(Ordering::Relaxed);
     let result = write_back(e, &blocks, &generations, cancel, pass_io);
@@ -186,22 +179,9 @@ fn write_back(
                 Some(b) if b.len() >= len => b,
                 b => b.insert(AlignedBuf::zeroed(len)),
             };
-            // No write straight to the backing store of these blocks is in flight while this is
-            // held, and none starts.
-            let _run_held = e.backing_ranges.lock(run[0].lba, run.len() as u64, true);
             // Blocks that failed their checksum are not written back (a dirty one is lost now:
             // the backing store keeps its older copy, which reads never return).
             let result = read_slots(e, run, &mut buf[..len]).and_then(|good| {
-                // Nor is a block rewritten or invalidated since it was chosen (checked after the
-                // read, so that what was read is that block's): the backing store may hold the
-                // newer version already.
-                let good: Vec<bool> = {
-                    let st = e.state.read();
-                    run.iter()
-                        .zip(good)
-                        .map(|(b, good)| good && st.index.get(b.lba) == Some(b.slot))
-                        .collect()
-                };
                 for part in good_stretches(&good) {
                     let bytes = &buf[part.start * bs as usize..part.end * bs as usize];
                     e.backing
