@@ -988,15 +988,31 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
 /// Skips a damaged record of the durable log: a client write's blocks are lost (reads fail
 /// until they are written again, rather than serve an older version); clean data (a promotion,
 /// or a block reclaim moved, which still lives where it was moved from) is simply not cached.
+///
+/// A MOVE of a *dirty* block is a client write's only copy too: once the MOVE was logged, reclaim
+/// could free the segment it moved from, and a later checkpoint let that segment be reused. A
+/// replay from an older checkpoint (the newer one damaged) then finds the source overwritten, and
+/// the block would read the backing store's older data (found by the long corruption campaign:
+/// wrong data after damage to a MOVE record and to the newest checkpoint). So the dirty blocks it
+/// moved are lost too; clean ones are on the backing store anyway.
 fn skip_damaged(state: &mut State, e: &batch::Entry, seq: u64) -> Damage {
+    let record = Damage::Record {
+        seq,
+        lba: e.lba,
+        blocks: e.nblocks,
+    };
     match e.kind {
         Kind::Write => {
             state.mark_lost(e.lba, e.nblocks as u64);
-            Damage::Record {
-                seq,
-                lba: e.lba,
-                blocks: e.nblocks,
+            record
+        }
+        Kind::Move if (0..e.nblocks as u64).any(|i| moved_dirty(state, e, i)) => {
+            for i in 0..e.nblocks as u64 {
+                if moved_dirty(state, e, i) {
+                    state.mark_lost(e.lba + i, 1);
+                }
             }
+            record
         }
         _ => Damage::CleanRecord {
             seq,
@@ -1004,6 +1020,15 @@ fn skip_damaged(state: &mut State, e: &batch::Entry, seq: u64) -> Damage {
             blocks: e.nblocks,
         },
     }
+}
+
+/// Whether the MOVE `e` would have moved its `i`th block while dirty: the block still lives,
+/// dirty, in the slot it was moved from.
+fn moved_dirty(state: &State, e: &batch::Entry, i: u64) -> bool {
+    state
+        .index
+        .slot((e.aux + i) as u32)
+        .is_some_and(|info| info.lba == e.lba + i && info.dirty)
 }
 
 /// Drops the cached clean copies of the blocks that `entries`, records past the end of the
