@@ -29,7 +29,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use flashtier_io::{check_range, AlignedBuf, BlockDev, DevInfo, Extent, ZeroOpts};
-use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 
 use crate::cleaner;
 use crate::engine::{self, Engine, OpenReport};
@@ -40,6 +39,7 @@ use crate::layout::batch::Kind;
 use crate::layout::superblock::BackingIdentity;
 use crate::log::{Record, Writer};
 use crate::policy::{Mode, PromotionPolicy, ReclaimPolicy};
+use crate::range_lock::RangeGuard;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::EngineError;
 
@@ -103,23 +103,25 @@ enum Promote {
     Never,
 }
 
-/// How a write holds `Engine::rmw` (shared by whole-block writes, exclusive for partial ones).
+/// How a write holds its blocks in `Engine::write_ranges` (shared by whole-block writes,
+/// exclusive for partial ones).
 enum RmwHeld<'a> {
     /// Exclusively, by the caller, for the whole write (a read-modify-write).
     ByCaller,
     /// Exclusively, until the write's INVALIDATE is applied.
-    Exclusive(RwLockWriteGuard<'a, ()>),
+    Exclusive(RangeGuard<'a>),
     Shared {
-        _guard: RwLockReadGuard<'a, ()>,
+        _guard: RangeGuard<'a>,
     },
 }
 
 impl<'a> RmwHeld<'a> {
     fn downgrade(self) -> RmwHeld<'a> {
         match self {
-            RmwHeld::Exclusive(g) => RmwHeld::Shared {
-                _guard: RwLockWriteGuard::downgrade(g),
-            },
+            RmwHeld::Exclusive(mut g) => {
+                g.downgrade();
+                RmwHeld::Shared { _guard: g }
+            }
             held => held,
         }
     }
@@ -259,7 +261,7 @@ impl Cache {
             self.write_back_all()?;
         }
         // Writes decide what to do by the mode when they start; this waits for those in flight.
-        let _no_writes_in_flight = self.e.rmw.write();
+        let _no_writes_in_flight = self.e.writes_gate.write();
         if !mode.keeps_dirty_data() {
             self.write_back_all()?;
         }
@@ -345,7 +347,7 @@ impl Cache {
         let forgotten = {
             // No write is in flight: an INVALIDATE of a range a write just landed in would
             // drop it.
-            let _no_writes = e.rmw.write();
+            let _no_writes = e.writes_gate.write();
             let ranges: Vec<(u64, u64)> = {
                 let st = e.state.read();
                 st.lost
@@ -712,15 +714,23 @@ impl Cache {
         fua: bool,
         busy: Option<&mut BusyRange<'_>>,
     ) -> io::Result<()> {
-        let order = self.e.backing_order.read();
-        self.backing_write_ordered(&order, buf, offset, fua, busy)
+        let _held = self.hold_for_backing(offset, buf.len() as u64);
+        self.backing_write_held(buf, offset, fua, busy)
     }
 
-    /// [`Cache::backing_write`] for a caller that holds `Engine::backing_order` already (a second
-    /// read lock could wait behind a cleaning pass queued meanwhile, which waits for the first).
-    fn backing_write_ordered(
+    /// Holds the blocks under `offset..offset + len` in `backing_ranges` (shared): no cleaning
+    /// pass writes an older version of them back meanwhile.
+    fn hold_for_backing(&self, offset: u64, len: u64) -> RangeGuard<'_> {
+        let bs = self.block_size();
+        let first = offset / bs;
+        self.e
+            .backing_ranges
+            .lock(first, (offset + len).div_ceil(bs) - first, false)
+    }
+
+    /// [`Cache::backing_write`] for a caller that holds the blocks already.
+    fn backing_write_held(
         &self,
-        _order: &RwLockReadGuard<'_, ()>,
         buf: &[u8],
         offset: u64,
         fua: bool,
@@ -796,12 +806,12 @@ impl Cache {
     /// `lba`. `invalidated` runs once the INVALIDATEs are applied, before they are synced; what
     /// it returns is kept until the backing writes are done.
     ///
-    /// `backing_order` is held from the INVALIDATEs on, not just for the backing writes: a
-    /// write-back write that lands in the cache on these blocks after the INVALIDATE is newer
-    /// than this one, and a cleaning pass must not write it back and mark it clean before this
-    /// write reaches the backing store under it. (Not before the INVALIDATEs: appending may wait
-    /// for reclaim, which may wait for a cleaning pass. The sync below is a system request for
-    /// the same reason.)
+    /// The blocks are held in `backing_ranges` from the INVALIDATEs on, not just for the backing
+    /// writes: a write-back write that lands in the cache on these blocks after the INVALIDATE is
+    /// newer than this one, and a cleaning pass must not write it back and mark it clean before
+    /// this write reaches the backing store under it. (Not before the INVALIDATEs: appending may
+    /// wait for reclaim, which may wait for a cleaning pass of these blocks. The sync below is a
+    /// system request for the same reason.)
     fn write_around_runs<T>(
         &self,
         lba: u64,
@@ -819,15 +829,15 @@ impl Cache {
         for &(first, n) in runs {
             self.append_invalidate(lba + first, n)?;
         }
-        let order = e.backing_order.read();
+        let _held = self.hold_for_backing(lba * bs, data.len() as u64);
         let _kept = invalidated();
         // As a system request: a client sync waits while client records wait for log space, and
-        // the reclaim they wait for may need a cleaning pass, which waits for `order`.
+        // the reclaim they wait for may need a cleaning pass, which waits for these blocks.
         e.log.sync_vouched(true)?;
         for (&(first, n), busy) in runs.iter().zip(&mut busy) {
             Stats::add(&e.stats.write_blocks, n);
             let part = &data[(first * bs) as usize..((first + n) * bs) as usize];
-            self.backing_write_ordered(&order, part, (lba + first) * bs, fua, Some(busy))?;
+            self.backing_write_held(part, (lba + first) * bs, fua, Some(busy))?;
         }
         Ok(())
     }
@@ -847,9 +857,9 @@ impl Cache {
     /// crossed the cutoff: from then on each request's first block was written around.)
     ///
     /// No write may make a block dirty between that check and its INVALIDATE. Write-back writes
-    /// are held off by `rmw`, held exclusively (`held`) until the INVALIDATEs are applied, then
-    /// shared like any whole-block write (so a partial-block write still cannot read these
-    /// blocks before the backing store has them). Write-through writes take the blocks' turn
+    /// of these blocks are held off by their range in `write_ranges`, held exclusively (`held`)
+    /// until the INVALIDATEs are applied, then shared like any whole-block write (so a
+    /// partial-block write still cannot read these blocks before the backing store has them). Write-through writes take the blocks' turn
     /// lock, held here until the backing writes are done, which also keeps the two in log order
     /// on the backing store.
     fn write_past_cutoff(
@@ -862,7 +872,7 @@ impl Cache {
         let e = &*self.e;
         let bs = self.block_size() as usize;
         let n = (data.len() / bs) as u64;
-        // The mode cannot change while `rmw` is held in any way.
+        // The mode cannot change while the caller holds `writes_gate`.
         let mode = self.mode();
         let turn = match mode {
             Mode::WriteThrough => Some(e.guards.write_through_lock(lba, n)),
@@ -1009,7 +1019,7 @@ impl BlockDev for Cache {
         let last = ((offset + len) / bs).min(e.cached_blocks).max(first);
         let mut busy = e.guards.busy(first, last - first);
         self.invalidate(first, last - first)?;
-        let _order = e.backing_order.read();
+        let _held = self.hold_for_backing(offset, len);
         e.backing_unflushed.store(true, Ordering::Release);
         busy.written_unflushed();
         let _fg = e.foreground_io();
@@ -1045,7 +1055,7 @@ impl BlockDev for Cache {
             cleaner::clean_pass(e, |st| cleaner::dirty_in_range(st, slots, first, n), None)?;
             let mut busy = e.guards.busy(first, n);
             self.invalidate(first, n)?;
-            let _order = e.backing_order.read();
+            let _held = self.hold_for_backing(first * bs, n * bs);
             let _fg = e.foreground_io();
             e.backing
                 .write_zeroes(first * bs, n * bs, opts)
@@ -1184,26 +1194,28 @@ impl Cache {
     ) -> io::Result<()> {
         let bs = self.block_size();
         let end = offset + buf.len() as u64;
+        let first = offset / bs;
+        let last = end.div_ceil(bs);
+        let ranges = &self.e.write_ranges;
+        let _gate = self.e.writes_gate.read();
         if offset.is_multiple_of(bs) && end.is_multiple_of(bs) {
             if past_cutoff {
                 // Exclusive only where `write_past_cutoff` needs it (see there).
-                let held = if self.mode() == Mode::WriteBack {
-                    RmwHeld::Exclusive(self.e.rmw.write())
+                let exclusive = self.mode() == Mode::WriteBack;
+                let guard = ranges.lock(first, last - first, exclusive);
+                let held = if exclusive {
+                    RmwHeld::Exclusive(guard)
                 } else {
-                    RmwHeld::Shared {
-                        _guard: self.e.rmw.read(),
-                    }
+                    RmwHeld::Shared { _guard: guard }
                 };
-                return self.write_past_cutoff(offset / bs, buf, fua, held);
+                return self.write_past_cutoff(first, buf, fua, held);
             }
-            let _shared = self.e.rmw.read();
-            return self.write_blocks(offset / bs, buf, fua);
+            let _shared = ranges.lock(first, last - first, false);
+            return self.write_blocks(first, buf, fua);
         }
         // A partial block: read what surrounds the write, patch, write whole blocks, excluding
-        // every other writer so nothing lands between the read and the write.
-        let _exclusive = self.e.rmw.write();
-        let first = offset / bs;
-        let last = end.div_ceil(bs);
+        // every other writer of these blocks so nothing lands between the read and the write.
+        let _exclusive = ranges.lock(first, last - first, true);
         let mut data = AlignedBuf::zeroed(((last - first) * bs) as usize);
         if !offset.is_multiple_of(bs) {
             self.read_blocks(first, 1, &mut data[..bs as usize], Promote::Never)?;
