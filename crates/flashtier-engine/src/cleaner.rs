@@ -105,12 +105,13 @@ pub(crate) fn clean_pass_with(
     // Chosen before waiting for another pass: a choice gone stale meanwhile is harmless (each
     // block is looked up again when its run is written), and a pass with nothing to do never
     // waits.
-    let blocks = {
+    let (blocks, crcs) = {
         let st = e.state.read();
         let mut blocks = select(&st);
         blocks.sort_unstable();
         blocks.dedup_by_key(|b| b.lba);
-        blocks
+        let crcs: Vec<u32> = blocks.iter().map(|b| st.crcs[b.slot as usize]).collect();
+        (blocks, crcs)
     };
     if blocks.is_empty() {
         return Ok(0);
@@ -118,7 +119,7 @@ pub(crate) fn clean_pass_with(
     let _one_pass = e.passes.lock();
     e.log.sync_vouched(true)?;
     let backing_errors = e.stats.backing_errors.load(Ordering::Relaxed);
-    let result = write_back(e, &blocks, cancel, pass_io);
+    let result = write_back(e, &blocks, &crcs, cancel, pass_io);
     match &result {
         Ok(n) if *n > 0 => e.backing_health.write_succeeded(),
         Ok(_) => {}
@@ -154,6 +155,7 @@ fn runs_of(blocks: &[DirtyBlock], per_write: usize) -> Vec<Range<usize>> {
 fn write_back(
     e: &Engine,
     blocks: &[DirtyBlock],
+    crcs: &[u32],
     cancel: Option<&AtomicBool>,
     pass_io: PassIo,
 ) -> io::Result<u64> {
@@ -192,19 +194,20 @@ fn write_back(
             // No write straight to the backing store of these blocks is in flight while this is
             // held, and none starts.
             let _run_held = e.backing_ranges.lock(run[0].lba, run.len() as u64, true);
-            let result = read_current(e, run, &mut buf[..len]).and_then(|current| {
-                let good: Vec<bool> = current.iter().map(Option::is_some).collect();
-                for part in good_stretches(&good) {
-                    let bytes = &buf[part.start * bs as usize..part.end * bs as usize];
-                    e.backing
-                        .write_at(bytes, run[part.start].lba * bs, false)
-                        .inspect_err(|err| e.backing_failed(BackingOp::Write, err))?;
-                    Stats::add(&e.stats.backing_writes, 1);
-                    Stats::add(&e.stats.backing_write_bytes, bytes.len() as u64);
-                    Stats::add(&e.stats.cleaner_writes, 1);
-                }
-                Ok(current.into_iter().flatten().collect())
-            });
+            let result =
+                read_current(e, run, &crcs[range.clone()], &mut buf[..len]).and_then(|current| {
+                    let good: Vec<bool> = current.iter().map(Option::is_some).collect();
+                    for part in good_stretches(&good) {
+                        let bytes = &buf[part.start * bs as usize..part.end * bs as usize];
+                        e.backing
+                            .write_at(bytes, run[part.start].lba * bs, false)
+                            .inspect_err(|err| e.backing_failed(BackingOp::Write, err))?;
+                        Stats::add(&e.stats.backing_writes, 1);
+                        Stats::add(&e.stats.backing_write_bytes, bytes.len() as u64);
+                        Stats::add(&e.stats.cleaner_writes, 1);
+                    }
+                    Ok(current.into_iter().flatten().collect())
+                });
             match result {
                 Ok(versions) => *landed[k].lock() = versions,
                 Err(err) => {
@@ -305,31 +308,38 @@ pub(crate) fn mark_clean(e: &Engine, blocks: &[DirtyBlock], generations: &[u64])
     }
 }
 
-/// A version of a block: where it lives, and its segment's generation then (a slot is written
-/// once per generation: the log only appends).
+/// A version of a block: where it lives, its segment's generation then (a slot is written once
+/// per generation: the log only appends), and its data's checksum.
 #[derive(Debug, Clone, Copy)]
 struct Version {
     block: DirtyBlock,
     generation: u64,
+    crc: u32,
 }
 
 /// Reads the blocks of `run` (consecutive addresses) into `buf` as the cache holds them now, one
 /// device read per stretch of consecutive slots, each checked against its checksum (see
-/// `integrity`). Returns, per block, the version read, or None for a block not to write back:
-/// clean or uncached now, failed its checksum, or moved on while this ran.
+/// `integrity`). `chosen_crcs` are the checksums of the versions the pass chose. Returns, per
+/// block, the version read, or None for a block not to write back: clean or uncached now,
+/// failed its checksum, or rewritten while this ran.
 ///
 /// The caller holds the run's blocks, so no write of them straight to the backing store is in
 /// flight: one that happened since the pass chose them has updated the index (invalidated the
 /// block, or cached its new version), and reading what the index maps now never lands an older
-/// version over it. A version written back must be durable in the log (see the module's
-/// documentation): the pass synced the log before its first run, which covers the versions it
-/// chose; if a block has moved on since (rewritten, or copied forward by reclaim), the log is
-/// synced again before its current version is read, and a block that moves during that sync
-/// is skipped. No segment is pinned across the sync (a checkpoint on the log's thread waits for
-/// pinned segments).
+/// version over it.
+///
+/// A version written back must be durable in the log (see the module's documentation). The pass
+/// synced the log before its first run, which covers the versions it chose. Reclaim may have
+/// copied one forward since (often, in a small busy cache: a segment can be reused within one
+/// sync): the copy holds the same data, so it is told by its checksum, as recovery tells a
+/// record's data, and read where it is now. A block rewritten since is another version: the log
+/// is synced again first, and a block rewritten once more during that sync is skipped. No
+/// segment is pinned across the sync (a checkpoint on the log's thread waits for pinned
+/// segments).
 fn read_current(
     e: &Engine,
     run: &[DirtyBlock],
+    chosen_crcs: &[u32],
     buf: &mut [u8],
 ) -> io::Result<Vec<Option<Version>>> {
     let bs = e.geo.block_size as usize;
@@ -337,33 +347,31 @@ fn read_current(
         dirty_at(st, lba).map(|block| Version {
             block,
             generation: st.segs.generation(e.geo.segment_of(block.slot)),
+            crc: st.crcs[block.slot as usize],
         })
     };
     let looked_up: Vec<Option<Version>> = {
         let st = e.state.read();
         run.iter().map(|b| version_of(&st, b.lba)).collect()
     };
-    if run
+    let rewritten = looked_up
         .iter()
-        .zip(&looked_up)
-        .any(|(b, v)| v.is_some_and(|v| v.block != *b))
-    {
+        .zip(chosen_crcs)
+        .any(|(v, &chosen)| v.is_some_and(|v| v.crc != chosen));
+    if rewritten {
         e.log.sync_vouched(true)?;
     }
-    let (mut current, crcs, pinned) = {
+    let (mut current, pinned) = {
         let st = e.state.read();
-        let current: Vec<Option<Version>> = run
+        let current: Vec<Option<Version>> = looked_up
             .iter()
-            .zip(looked_up)
-            .map(|(b, before)| {
-                let now = version_of(&st, b.lba)?;
-                let before = before?;
-                (now.block == before.block && now.generation == before.generation).then_some(now)
+            .zip(chosen_crcs)
+            .map(|(before, &chosen)| {
+                let before = (*before)?;
+                let now = version_of(&st, before.block.lba)?;
+                let durable = now.crc == chosen || (rewritten && now.crc == before.crc);
+                durable.then_some(now)
             })
-            .collect();
-        let crcs: Vec<u32> = current
-            .iter()
-            .map(|v| v.map_or(0, |v| st.crcs[v.block.slot as usize]))
             .collect();
         let mut pinned: Vec<u32> = current
             .iter()
@@ -375,7 +383,7 @@ fn read_current(
         for &s in &pinned {
             st.segs.reader_enter(s);
         }
-        (current, crcs, pinned)
+        (current, pinned)
     };
     let mut result = Ok(());
     let mut i = 0;
@@ -396,9 +404,9 @@ fn read_current(
             Stats::add(&e.stats.cache_reads, 1);
             Stats::add(&e.stats.cache_read_bytes, ((j - i) * bs) as u64);
             for (k, block) in (i..j).zip(part.chunks_mut(bs)) {
-                let DirtyBlock { lba, slot } = current[k].expect("in a stretch").block;
-                let good = integrity::intact(block, crcs[k])
-                    || integrity::bad_block(e, lba, slot, crcs[k], block) == Verdict::Repaired;
+                let Version { block: b, crc, .. } = current[k].expect("in a stretch");
+                let good = integrity::intact(block, crc)
+                    || integrity::bad_block(e, b.lba, b.slot, crc, block) == Verdict::Repaired;
                 if !good {
                     current[k] = None;
                 }
