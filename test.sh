@@ -33,6 +33,10 @@ cargo fmt --all -- --check
 step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "engine modules without circles (scripts/module-cycles.py)"
+./scripts/module-cycles.py --self-test
+./scripts/module-cycles.py --allow scripts/module-cycles.allow
+
 step "unit and integration tests"
 export FLASHTIER_LONG=$long
 cargo test --workspace --locked --release -- --test-threads="${FLASHTIER_TEST_THREADS:-2}"

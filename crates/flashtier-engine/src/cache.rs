@@ -40,6 +40,7 @@ use crate::layout::superblock::BackingIdentity;
 use crate::log::{Record, Writer};
 use crate::policy::{Mode, PromotionPolicy, ReclaimPolicy};
 use crate::range_lock::RangeGuard;
+use crate::state::DirtyBlock;
 use crate::stats::{Stats, StatsSnapshot};
 use crate::EngineError;
 
@@ -944,12 +945,12 @@ impl Cache {
     }
 
     /// The blocks `log_blocks` wrote, with their segments' generations (for `mark_clean`).
-    fn written_blocks(&self, records: &[(u64, u32, u32)]) -> (Vec<cleaner::DirtyBlock>, Vec<u64>) {
-        let blocks: Vec<cleaner::DirtyBlock> = records
+    fn written_blocks(&self, records: &[(u64, u32, u32)]) -> (Vec<DirtyBlock>, Vec<u64>) {
+        let blocks: Vec<DirtyBlock> = records
             .iter()
             .filter(|(_, slot, _)| *slot != u32::MAX)
             .flat_map(|&(lba, slot, n)| {
-                (0..n).map(move |i| cleaner::DirtyBlock {
+                (0..n).map(move |i| DirtyBlock {
                     lba: lba + i as u64,
                     slot: slot + i,
                 })

@@ -49,15 +49,8 @@ use crate::health::BackingOp;
 use crate::integrity::{self, Verdict};
 use crate::layout::batch::Kind;
 use crate::log::Record;
-use crate::state::State;
+use crate::state::{DirtyBlock, State};
 use crate::stats::Stats;
-
-/// A dirty block to write back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct DirtyBlock {
-    pub lba: u64,
-    pub slot: u32,
-}
 
 /// How a pass writes to the backing store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

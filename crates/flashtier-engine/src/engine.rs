@@ -67,7 +67,7 @@ pub struct Engine {
     pub(crate) reclaim_turn: Mutex<()>,
     /// Write-through blocks written to the backing store but not yet flushed there, with their
     /// segments' generations; marked clean after the next backing flush.
-    pub(crate) unflushed_write_through: Mutex<(Vec<crate::cleaner::DirtyBlock>, Vec<u64>)>,
+    pub(crate) unflushed_write_through: Mutex<(Vec<crate::state::DirtyBlock>, Vec<u64>)>,
     pub(crate) started: Instant,
     pub(crate) reclaim: Mutex<ReclaimControl>,
     pub(crate) reclaim_cv: Condvar,

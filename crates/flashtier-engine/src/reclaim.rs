@@ -20,12 +20,13 @@ use std::time::Duration;
 
 use flashtier_io::AlignedBuf;
 
-use crate::cleaner::{self, DirtyBlock};
+use crate::cleaner;
 use crate::engine::Engine;
 use crate::integrity::{self, Verdict};
 use crate::layout::batch::Kind;
 use crate::log::{LogError, Record, RESERVE};
 use crate::policy::ReclaimPolicy;
+use crate::state::DirtyBlock;
 use crate::stats::Stats;
 
 /// How long reclaim waits before its first retry after an error (e.g. the backing store

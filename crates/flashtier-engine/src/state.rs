@@ -217,3 +217,11 @@ mod tests {
         }
     }
 }
+
+/// A dirty block: which block, and the slot its newest version lives in (what the cleaner
+/// writes back, reclaim copies forward, and a write-through write owes a backing flush).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct DirtyBlock {
+    pub lba: u64,
+    pub slot: u32,
+}

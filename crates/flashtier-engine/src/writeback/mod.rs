@@ -44,10 +44,10 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::cleaner::{self, DirtyBlock, PassIo};
+use crate::cleaner::{self, PassIo};
 use crate::engine::Engine;
 use crate::policy::{Mode, ReclaimPolicy};
-use crate::state::State;
+use crate::state::{DirtyBlock, State};
 use crate::stats::Stats;
 
 use pi::{Pi, PiConfig};
