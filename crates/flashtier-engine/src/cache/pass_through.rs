@@ -1,0 +1,93 @@
+//! The backing store, directly: pass-through reads and the uncached tail, and the backing writes
+//! of every mode that writes there (write-through, write-around, pass-through), each holding its
+//! blocks in `Engine::backing_ranges` so that no cleaning pass lands an older version over it.
+
+use std::io;
+use std::sync::atomic::Ordering;
+
+use crate::guards::BusyRange;
+use crate::health::BackingOp;
+use crate::integrity::IntegrityError;
+use crate::range_lock::RangeGuard;
+use crate::stats::Stats;
+
+use super::read::first_lost;
+use super::Cache;
+
+impl Cache {
+    /// A read of the backing store only (the plan's `ReadPlan::Backing`, or a read's part past
+    /// the last whole cache block): refused for a lost block, whose backing copy is older than
+    /// what was lost.
+    pub(super) fn pass_through_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let e = &*self.e;
+        let bs = self.block_size();
+        let end = offset + buf.len() as u64;
+        let lost = first_lost(&e.state.read(), offset / bs, end.div_ceil(bs) - offset / bs);
+        if let Some(lba) = lost {
+            Stats::add(&e.stats.lost_reads, 1);
+            return Err(IntegrityError::Lost { lba }.into());
+        }
+        Stats::add(&e.stats.backing_reads, 1);
+        Stats::add(&e.stats.backing_read_bytes, buf.len() as u64);
+        self.backing_read(buf, offset)
+    }
+
+    /// Reads the backing store directly (pass-through, the uncached tail).
+    pub(super) fn backing_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let e = &*self.e;
+        let _fg = e.foreground_io();
+        e.backing
+            .read_at(buf, offset)
+            .inspect_err(|err| e.backing_failed(BackingOp::Read, err))?;
+        e.backing_health.read_succeeded();
+        Ok(())
+    }
+
+    /// Writes the backing store directly. `busy` (the blocks' guard, if they are cacheable)
+    /// learns whether the data is durable there yet.
+    pub(super) fn backing_write(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        fua: bool,
+        busy: Option<&mut BusyRange<'_>>,
+    ) -> io::Result<()> {
+        let _held = self.hold_for_backing(offset, buf.len() as u64);
+        self.backing_write_held(buf, offset, fua, busy)
+    }
+
+    /// Holds the blocks under `offset..offset + len` in `backing_ranges` (shared): no cleaning
+    /// pass writes an older version of them back meanwhile.
+    pub(super) fn hold_for_backing(&self, offset: u64, len: u64) -> RangeGuard<'_> {
+        let bs = self.block_size();
+        let first = offset / bs;
+        self.e
+            .backing_ranges
+            .lock(first, (offset + len).div_ceil(bs) - first, false)
+    }
+
+    /// [`Cache::backing_write`] for a caller that holds the blocks already.
+    pub(super) fn backing_write_held(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        fua: bool,
+        busy: Option<&mut BusyRange<'_>>,
+    ) -> io::Result<()> {
+        let e = &*self.e;
+        let _fg = e.foreground_io();
+        e.backing
+            .write_at(buf, offset, fua)
+            .inspect_err(|err| e.backing_failed(BackingOp::Write, err))?;
+        e.backing_health.write_succeeded();
+        Stats::add(&e.stats.backing_writes, 1);
+        Stats::add(&e.stats.backing_write_bytes, buf.len() as u64);
+        if !fua {
+            e.backing_unflushed.store(true, Ordering::Release);
+            if let Some(busy) = busy {
+                busy.written_unflushed();
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,280 @@
+//! Reads through the cache: hits from the cache device, misses from the backing store, then
+//! promoted by an asynchronous PROMOTE record as the request's plan says (see `plan`).
+
+use std::io;
+use std::sync::atomic::Ordering;
+
+use flashtier_io::{check_range, AlignedBuf};
+
+use crate::health::BackingOp;
+use crate::integrity::{self, IntegrityError, Verdict};
+use crate::layout::batch::Kind;
+use crate::log::Record;
+use crate::policy::PromotionPolicy;
+use crate::stats::Stats;
+
+use super::plan::{Promote, ReadPlan};
+use super::Cache;
+
+/// The first lost block of `[first, first + n)`, if any.
+pub(super) fn first_lost(st: &crate::state::State, first: u64, n: u64) -> Option<u64> {
+    if !st.lost.overlaps(first, n) {
+        return None;
+    }
+    (first..first + n).find(|&lba| st.lost.overlaps(lba, 1))
+}
+
+/// Promotion data waiting for the log beyond this is dropped rather than queued.
+const MAX_QUEUED_PROMOTION: u64 = 64 << 20;
+
+impl Cache {
+    /// A client read; `prefetch` promotes every miss.
+    pub(super) fn read(&self, buf: &mut [u8], offset: u64, prefetch: bool) -> io::Result<()> {
+        check_range(self.info.size, offset, buf.len() as u64, false)?;
+        let e = &*self.e;
+        Stats::add(&e.stats.reads, 1);
+        let promote = match self.plan_read(offset, buf.len() as u64, prefetch) {
+            ReadPlan::Backing => return self.pass_through_read(buf, offset),
+            ReadPlan::Cached(promote) => promote,
+        };
+        let tail = self.uncached_tail();
+        if offset + buf.len() as u64 > tail {
+            let (cached, rest) = buf.split_at_mut((tail - offset) as usize);
+            self.pass_through_read(rest, tail)?;
+            return self.read_at_cached(cached, offset, promote);
+        }
+        self.read_at_cached(buf, offset, promote)
+    }
+
+    pub(super) fn read_at_cached(
+        &self,
+        buf: &mut [u8],
+        offset: u64,
+        promote: Promote,
+    ) -> io::Result<()> {
+        let bs = self.block_size();
+        let first = offset / bs;
+        let end = offset + buf.len() as u64;
+        let last = end.div_ceil(bs);
+        if offset.is_multiple_of(bs) && end.is_multiple_of(bs) {
+            return self.read_blocks(first, last - first, buf, promote);
+        }
+        let mut bounce = AlignedBuf::zeroed(((last - first) * bs) as usize);
+        self.read_blocks(first, last - first, &mut bounce, promote)?;
+        let skip = (offset - first * bs) as usize;
+        buf.copy_from_slice(&bounce[skip..skip + buf.len()]);
+        Ok(())
+    }
+
+    /// Reads whole blocks `[first, first + count)` into `out`.
+    pub(super) fn read_blocks(
+        &self,
+        first: u64,
+        count: u64,
+        out: &mut [u8],
+        promote: Promote,
+    ) -> io::Result<()> {
+        let e = &*self.e;
+        let bs = self.block_size() as usize;
+        // Runs of hits (consecutive slots) and misses, found under one short read lock; the
+        // segments holding hits are pinned until their reads are done.
+        enum Run {
+            Hit { slot: u32, n: u64 },
+            Miss { n: u64 },
+        }
+        let mut runs: Vec<(u64, Run)> = Vec::new();
+        let mut pinned: Vec<u32> = Vec::new();
+        // The checksum each hit's slot was written with, in order.
+        let mut crcs: Vec<u32> = Vec::new();
+        {
+            let st = e.state.read();
+            if let Some(lba) = first_lost(&st, first, count) {
+                Stats::add(&e.stats.lost_reads, 1);
+                return Err(IntegrityError::Lost { lba }.into());
+            }
+            let now = e.now_secs();
+            for i in 0..count {
+                let lba = first + i;
+                match st.index.get(lba) {
+                    Some(slot) => {
+                        st.index.touch(slot);
+                        crcs.push(st.crcs[slot as usize]);
+                        let seg = e.geo.segment_of(slot);
+                        if pinned.last() != Some(&seg) {
+                            st.segs.reader_enter(seg);
+                            st.segs.note_access(seg, now);
+                            pinned.push(seg);
+                        }
+                        match runs.last_mut() {
+                            Some((_, Run::Hit { slot: s, n })) if *s + *n as u32 == slot => *n += 1,
+                            _ => runs.push((i, Run::Hit { slot, n: 1 })),
+                        }
+                    }
+                    None => match runs.last_mut() {
+                        Some((_, Run::Miss { n })) => *n += 1,
+                        _ => runs.push((i, Run::Miss { n: 1 })),
+                    },
+                }
+            }
+        }
+        let mut result = Ok(());
+        let mut hits = 0u64;
+        for (at, run) in &runs {
+            let (start, n) = (
+                *at as usize * bs,
+                match run {
+                    Run::Hit { n, .. } | Run::Miss { n } => *n as usize,
+                },
+            );
+            let buf = &mut out[start..start + n * bs];
+            let r = match run {
+                Run::Hit { slot, .. } => {
+                    let crcs = &crcs[hits as usize..hits as usize + n];
+                    hits += n as u64;
+                    let r = e.cache.read_at(buf, e.geo.slot_offset(*slot));
+                    if r.is_err() {
+                        Stats::add(&e.stats.cache_errors, 1);
+                    }
+                    Stats::add(&e.stats.cache_reads, 1);
+                    Stats::add(&e.stats.cache_read_bytes, buf.len() as u64);
+                    r.and_then(|()| self.check_hits(first + at, *slot, crcs, buf, promote))
+                }
+                Run::Miss { .. } => self.read_miss(first + at, n as u64, buf, promote),
+            };
+            if r.is_err() {
+                result = r;
+                break;
+            }
+        }
+        {
+            let st = e.state.read();
+            for seg in pinned {
+                st.segs.reader_exit(seg);
+            }
+        }
+        Stats::add(&e.stats.read_hit_blocks, hits);
+        result
+    }
+
+    /// Checks a run of hits read from `slot..` into `buf` (blocks from `lba`) against their
+    /// checksums (their segments are still pinned). A block that fails is read again, from the
+    /// backing store if it was clean; a dirty one fails the read (see `integrity`).
+    pub(super) fn check_hits(
+        &self,
+        lba: u64,
+        slot: u32,
+        crcs: &[u32],
+        buf: &mut [u8],
+        promote: Promote,
+    ) -> io::Result<()> {
+        let e = &*self.e;
+        let bs = self.block_size() as usize;
+        for (i, (block, &crc)) in buf.chunks_mut(bs).zip(crcs).enumerate() {
+            if integrity::intact(block, crc) {
+                continue;
+            }
+            let (lba, slot) = (lba + i as u64, slot + i as u32);
+            match integrity::bad_block(e, lba, slot, crc, block) {
+                Verdict::Repaired => {}
+                Verdict::Dropped | Verdict::Moved => self.read_blocks(lba, 1, block, promote)?,
+                Verdict::Lost => {
+                    Stats::add(&e.stats.lost_reads, 1);
+                    return Err(IntegrityError::Lost { lba }.into());
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads blocks from the backing store and queues the promotion of those `promote` allows.
+    pub(super) fn read_miss(
+        &self,
+        lba: u64,
+        n: u64,
+        buf: &mut [u8],
+        promote: Promote,
+    ) -> io::Result<()> {
+        let e = &*self.e;
+        let since = e.guards.now();
+        let bs = self.block_size();
+        {
+            let _fg = e.foreground_io();
+            e.backing
+                .read_at(buf, lba * bs)
+                .inspect_err(|err| e.backing_failed(BackingOp::Read, err))?;
+        }
+        e.backing_health.read_succeeded();
+        Stats::add(&e.stats.backing_reads, 1);
+        Stats::add(&e.stats.backing_read_bytes, buf.len() as u64);
+        Stats::add(&e.stats.read_miss_blocks, n);
+        let policy = match promote {
+            Promote::Never => return Ok(()),
+            Promote::Sequential => {
+                Stats::add(&e.stats.bypassed_read_blocks, n);
+                return Ok(());
+            }
+            Promote::All => PromotionPolicy::Always,
+            Promote::Admitted => e.tunables.promotion(),
+        };
+        if policy == PromotionPolicy::Always {
+            self.queue_promotion(lba, buf, since);
+            return Ok(());
+        }
+        // n-hit: promote the runs of blocks that reached their nth recent miss.
+        let (table, now) = (e.miss_table(), e.now_secs());
+        let (nhit, window) = (
+            e.tunables.promotion_nhit(),
+            e.tunables.promotion_window_secs(),
+        );
+        let mut run: Option<u64> = None;
+        let mut skipped = 0;
+        for i in 0..=n {
+            let admitted = i < n && table.record_miss(lba + i, now, nhit, window);
+            match (admitted, run) {
+                (true, None) => run = Some(i),
+                (false, Some(from)) => {
+                    let data = &buf[(from * bs) as usize..(i * bs) as usize];
+                    self.queue_promotion(lba + from, data, since);
+                    run = None;
+                }
+                _ => {}
+            }
+            if i < n && !admitted {
+                skipped += 1;
+            }
+        }
+        Stats::add(&e.stats.promotions_skipped_blocks, skipped);
+        Ok(())
+    }
+
+    /// Queues PROMOTE records for `data` (whole blocks from `lba`), read from the backing store
+    /// after guard clock `since`; drops what does not fit the promotion queue.
+    pub(super) fn queue_promotion(&self, lba: u64, data: &[u8], since: u64) {
+        let e = &*self.e;
+        let bs = self.block_size();
+        let n = data.len() as u64 / bs;
+        let max = (e.atomic_bytes as u64 / bs).max(1);
+        let mut done = 0;
+        while done < n {
+            let k = (n - done).min(max);
+            let bytes = k * bs;
+            let queued = e
+                .log
+                .queued_promotion_bytes
+                .fetch_add(bytes, Ordering::Relaxed);
+            if queued + bytes > MAX_QUEUED_PROMOTION {
+                e.log
+                    .queued_promotion_bytes
+                    .fetch_sub(bytes, Ordering::Relaxed);
+                break;
+            }
+            let mut buf = AlignedBuf::zeroed(bytes as usize);
+            let from = (done * bs) as usize;
+            buf.copy_from_slice(&data[from..from + bytes as usize]);
+            let mut rec = Record::new(Kind::Promote, lba + done, k as u32, Some(buf));
+            rec.promote_since = Some(since);
+            e.log.append_async(rec, false);
+            done += k;
+        }
+    }
+}

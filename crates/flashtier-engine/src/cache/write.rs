@@ -1,0 +1,219 @@
+//! What every cached write goes through before its mode's handler: the uncached tail, the
+//! write's blocks held in `Engine::write_ranges`, a read-modify-write for partial blocks, and the
+//! dispatch on the request's plan. Also the records every mode writes (WRITE, INVALIDATE).
+
+use std::io;
+
+use flashtier_io::AlignedBuf;
+
+use crate::cleaner;
+use crate::layout::batch::Kind;
+use crate::log::Record;
+use crate::policy::Mode;
+use crate::range_lock::RangeGuard;
+use crate::state::DirtyBlock;
+use crate::stats::Stats;
+
+use super::plan::{Promote, WritePlan};
+use super::Cache;
+
+/// How a write holds its blocks in `Engine::write_ranges` (shared by whole-block writes,
+/// exclusive for partial ones).
+pub(super) enum RmwHeld<'a> {
+    /// Exclusively, by the caller, for the whole write (a read-modify-write).
+    ByCaller,
+    /// Exclusively, until the write's INVALIDATE is applied.
+    Exclusive(RangeGuard<'a>),
+    Shared {
+        _guard: RangeGuard<'a>,
+    },
+}
+
+impl<'a> RmwHeld<'a> {
+    pub(super) fn downgrade(self) -> RmwHeld<'a> {
+        match self {
+            RmwHeld::Exclusive(mut g) => {
+                g.downgrade();
+                RmwHeld::Shared { _guard: g }
+            }
+            held => held,
+        }
+    }
+}
+
+impl Cache {
+    /// A client write; `past_cutoff`: it continued a sequential stream past the write cutoff.
+    pub(super) fn write(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        fua: bool,
+        past_cutoff: bool,
+    ) -> io::Result<()> {
+        let e = &*self.e;
+        Stats::add(&e.stats.writes, 1);
+        let tail = self.uncached_tail();
+        let end = offset + buf.len() as u64;
+        if end > tail {
+            let split = tail.saturating_sub(offset) as usize;
+            self.backing_write(&buf[split..], offset.max(tail), fua, None)?;
+            if split == 0 {
+                return Ok(());
+            }
+            return self.write_at_cached(&buf[..split], offset, fua, past_cutoff);
+        }
+        self.write_at_cached(buf, offset, fua, past_cutoff)
+    }
+
+    pub(super) fn write_at_cached(
+        &self,
+        buf: &[u8],
+        offset: u64,
+        fua: bool,
+        past_cutoff: bool,
+    ) -> io::Result<()> {
+        let bs = self.block_size();
+        let end = offset + buf.len() as u64;
+        let first = offset / bs;
+        let last = end.div_ceil(bs);
+        let ranges = &self.e.write_ranges;
+        let _gate = self.e.writes_gate.read();
+        let plan = self.plan_write(past_cutoff);
+        if offset.is_multiple_of(bs) && end.is_multiple_of(bs) {
+            if let WritePlan::PastCutoff(mode) = plan {
+                // Exclusive only where `write_past_cutoff` needs it (see there).
+                let exclusive = mode == Mode::WriteBack;
+                let guard = ranges.lock(first, last - first, exclusive);
+                let held = if exclusive {
+                    RmwHeld::Exclusive(guard)
+                } else {
+                    RmwHeld::Shared { _guard: guard }
+                };
+                return self.write_past_cutoff(mode, first, buf, fua, held);
+            }
+            let _shared = ranges.lock(first, last - first, false);
+            return self.write_planned(plan, first, buf, fua);
+        }
+        // A partial block: read what surrounds the write, patch, write whole blocks, excluding
+        // every other writer of these blocks so nothing lands between the read and the write.
+        let _exclusive = ranges.lock(first, last - first, true);
+        let mut data = AlignedBuf::zeroed(((last - first) * bs) as usize);
+        if !offset.is_multiple_of(bs) {
+            self.read_blocks(first, 1, &mut data[..bs as usize], Promote::Never)?;
+        }
+        if !end.is_multiple_of(bs) && (last - 1 > first || offset.is_multiple_of(bs)) {
+            let at = ((last - 1 - first) * bs) as usize;
+            self.read_blocks(last - 1, 1, &mut data[at..at + bs as usize], Promote::Never)?;
+        }
+        let skip = (offset - first * bs) as usize;
+        data[skip..skip + buf.len()].copy_from_slice(buf);
+        match plan {
+            WritePlan::PastCutoff(mode) => {
+                self.write_past_cutoff(mode, first, &data, fua, RmwHeld::ByCaller)
+            }
+            plan => self.write_planned(plan, first, &data, fua),
+        }
+    }
+
+    /// Whole-block writes, as `plan` says (one of a mode's own; see `write_past_cutoff` for the
+    /// other).
+    pub(super) fn write_planned(
+        &self,
+        plan: WritePlan,
+        lba: u64,
+        data: &[u8],
+        fua: bool,
+    ) -> io::Result<()> {
+        let n = data.len() as u64 / self.block_size();
+        match plan {
+            WritePlan::WriteBack => self.write_back(lba, data, fua),
+            WritePlan::WriteThrough => {
+                let _turn = self.e.guards.write_through_lock(lba, n);
+                self.write_through(lba, data, fua)
+            }
+            WritePlan::Around => self.write_around_runs(lba, data, &[(0, n)], fua, || ()),
+            WritePlan::PastCutoff(mode) => {
+                unreachable!("a write past the cutoff in {mode} goes to write_past_cutoff")
+            }
+        }
+    }
+
+    /// Writes whole blocks `[lba, lba + n)` from `data` into the cache as WRITE records; returns
+    /// each record's first block, the slot it landed in, and its length.
+    pub(super) fn log_blocks(
+        &self,
+        lba: u64,
+        data: &[u8],
+        dirty: bool,
+    ) -> io::Result<Vec<(u64, u32, u32)>> {
+        let e = &*self.e;
+        let bs = self.block_size() as usize;
+        let n = (data.len() / bs) as u64;
+        let max = (e.atomic_bytes as usize / bs).max(1) as u64;
+        {
+            let st = e.state.read();
+            let hits = (lba..lba + n)
+                .filter(|&b| st.index.get(b).is_some())
+                .count();
+            Stats::add(&e.stats.write_hit_blocks, hits as u64);
+        }
+        let mut records = Vec::new();
+        let mut done = 0;
+        while done < n {
+            let k = (n - done).min(max);
+            let from = done as usize * bs;
+            let mut buf = AlignedBuf::zeroed(k as usize * bs);
+            buf.copy_from_slice(&data[from..from + k as usize * bs]);
+            e.guards.stamp(lba + done, k);
+            let rec = Record::new(Kind::Write, lba + done, k as u32, Some(buf)).dirty(dirty);
+            let appended = e.log.append(rec, false)?;
+            records.push((lba + done, appended.slot, k as u32));
+            done += k;
+        }
+        Stats::add(&e.stats.write_blocks, n);
+        Ok(records)
+    }
+
+    /// Durably unmaps `[lba, lba + n)` so the backing store may be written there.
+    pub(super) fn invalidate(&self, lba: u64, n: u64) -> io::Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.append_invalidate(lba, n)?;
+        Ok(self.e.log.sync_vouched(false)?)
+    }
+
+    /// Unmaps `[lba, lba + n)` (not yet durably: sync before writing the backing store there).
+    pub(super) fn append_invalidate(&self, lba: u64, n: u64) -> io::Result<()> {
+        let e = &*self.e;
+        let mut done = 0;
+        while done < n {
+            let k = (n - done).min(u32::MAX as u64);
+            e.log.append(
+                Record::new(Kind::Invalidate, lba + done, k as u32, None),
+                false,
+            )?;
+            done += k;
+        }
+        Ok(())
+    }
+
+    /// The blocks `log_blocks` wrote, with their segments' generations (for `mark_clean`).
+    pub(super) fn written_blocks(
+        &self,
+        records: &[(u64, u32, u32)],
+    ) -> (Vec<DirtyBlock>, Vec<u64>) {
+        let blocks: Vec<DirtyBlock> = records
+            .iter()
+            .filter(|(_, slot, _)| *slot != u32::MAX)
+            .flat_map(|&(lba, slot, n)| {
+                (0..n).map(move |i| DirtyBlock {
+                    lba: lba + i as u64,
+                    slot: slot + i,
+                })
+            })
+            .collect();
+        let generations = cleaner::generations_of(&self.e, &self.e.state.read(), &blocks);
+        (blocks, generations)
+    }
+}
