@@ -7,13 +7,18 @@
 //! control API do (the same validators), so a file that loads starts a server; [`persist`] changes
 //! one value in place, keeping the rest of the file and its comments.
 //!
-//! [`SERVE_KEYS`] and [`PARAMS`] document every key; [`example`] renders them as the repository's
-//! `flashtier.example.toml` (a test keeps the two equal).
+//! Each `serve` option is one entry of [`SERVE_KEYS`] (ripgrep's one-`Flag`-per-flag is the
+//! model): its name, documentation, default, allowed values, how a value is checked, and which
+//! [`ServeConfig`] field holds it. The `[serve]` keys, the `serve` command line (built from the
+//! table by the binary), its `--help`, the defaults in force and `config check` all read it, and
+//! [`example`] renders it with [`PARAMS`] as the repository's `flashtier.example.toml` (a test
+//! keeps the two equal).
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use flashtier_engine::{tunables, Mode, ParamError, PARAMS};
+use flashtier_nbd::tls::TlsMode;
 use toml_edit::{Item, Table, TableLike, Value};
 
 /// A parsed and validated config file.
@@ -26,19 +31,20 @@ pub struct Config {
     pub policy: Vec<(String, String)>,
 }
 
-/// The `[serve]` table; `None` = not set in the file.
+/// The `serve` options, from the `[serve]` table or the command line; `None` = not given.
+/// [`SERVE_KEYS`] says what each field means and takes.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ServeConfig {
     pub backing: Option<String>,
     pub cache: Option<String>,
+    /// A valid mode's canonical name (`writeback`, ...).
+    pub mode: Option<String>,
     pub listen: Option<String>,
     /// `off`, `on` or `require`.
     pub tls: Option<String>,
     pub tls_certificates: Option<String>,
     pub tls_psk: Option<String>,
     pub tls_verify_peer: Option<bool>,
-    /// A valid mode's canonical name (`writeback`, ...).
-    pub mode: Option<String>,
     pub export_name: Option<String>,
     pub read_only: Option<bool>,
     pub direct: Option<bool>,
@@ -58,127 +64,241 @@ pub struct ServeConfig {
 impl ServeConfig {
     /// Every `[serve]` key in [`SERVE_KEYS`] order with its value in TOML syntax, if set.
     pub fn entries(&self) -> Vec<(&'static KeyInfo, Option<String>)> {
-        let s = |v: &Option<String>| v.as_ref().map(|v| Value::from(v.as_str()).to_string());
-        let n = |v: Option<u64>| v.map(|v| v.to_string());
-        let values = [
-            s(&self.backing),
-            s(&self.cache),
-            s(&self.listen),
-            s(&self.tls),
-            s(&self.tls_certificates),
-            s(&self.tls_psk),
-            self.tls_verify_peer.map(|v| v.to_string()),
-            s(&self.mode),
-            s(&self.export_name),
-            self.read_only.map(|v| v.to_string()),
-            self.direct.map(|v| v.to_string()),
-            n(self.threads.map(u64::from)),
-            n(self.max_connections.map(u64::from)),
-            n(self.handshake_timeout.map(u64::from)),
-            n(self.request_memory_mib.map(u64::from)),
-            n(self.request_memory_per_connection_mib.map(u64::from)),
-            n(self.worker_pool.map(u64::from)),
-            n(self.shutdown_grace),
-            s(&self.control_socket),
-            s(&self.metrics_listen),
-            s(&self.stats_file),
-            self.endurance_tbw.map(|v| Value::from(v).to_string()),
-        ];
         SERVE_KEYS
             .iter()
-            .zip(values)
-            .map(|(k, v)| (k, v.map(|v| v.trim().to_string())))
+            .map(|k| (k, k.get(self).map(|v| v.to_toml())))
             .collect()
+    }
+
+    /// These options with every one that `over` gives replaced by its value there (the command
+    /// line over the config file).
+    pub fn overridden_by(mut self, over: &ServeConfig) -> ServeConfig {
+        for k in SERVE_KEYS {
+            if let Some(v) = k.get(over) {
+                k.set(&mut self, v);
+            }
+        }
+        self
+    }
+
+    /// These options with every one not given set to its default, where it has one.
+    pub fn with_defaults(mut self) -> ServeConfig {
+        for k in SERVE_KEYS {
+            if let (None, Some(v)) = (k.get(&self), k.default_value()) {
+                k.set(&mut self, v);
+            }
+        }
+        self
     }
 }
 
-/// What an operator needs to know about one `[serve]` key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct KeyInfo {
-    pub name: &'static str,
-    pub doc: &'static str,
-    /// What applies when the key is absent.
-    pub default: &'static str,
-    pub allowed: &'static str,
-    /// How the example file shows the key.
-    pub example: Example,
+/// A `serve` option's value, checked as its key takes it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OptValue {
+    Text(String),
+    Flag(bool),
+    Int(u64),
+    Number(f64),
 }
 
-/// A key's line in the example file: a value in TOML syntax, set or commented out.
+impl OptValue {
+    /// In TOML syntax, as the config file and `config check` show it.
+    pub fn to_toml(&self) -> String {
+        let v = match self {
+            OptValue::Text(s) => Value::from(s.as_str()),
+            OptValue::Flag(b) => Value::from(*b),
+            OptValue::Int(n) => return n.to_string(),
+            OptValue::Number(x) => Value::from(*x),
+        };
+        v.to_string().trim().to_string()
+    }
+
+    /// As the command line takes it.
+    pub fn plain(&self) -> String {
+        match self {
+            OptValue::Text(s) => s.clone(),
+            OptValue::Flag(b) => b.to_string(),
+            OptValue::Int(n) => n.to_string(),
+            OptValue::Number(x) => x.to_string(),
+        }
+    }
+}
+
+/// How a `serve` option's values are written and checked.
+#[derive(Debug, Clone, Copy)]
+pub enum Kind {
+    /// A string, empty or not as `empty` says; `check` (if any) gives the canonical form of a
+    /// value it accepts.
+    Text {
+        empty: bool,
+        check: Option<fn(&str) -> Option<String>>,
+    },
+    /// `true` or `false`; on the command line, a flag that sets it.
+    Flag,
+    /// An integer in `lo..=hi`.
+    Int { lo: u64, hi: u64 },
+    /// A finite number above 0.
+    Positive,
+}
+
+/// Reads and writes the [`ServeConfig`] field of one key.
+#[derive(Debug, Clone, Copy)]
+pub struct Access {
+    get: fn(&ServeConfig) -> Option<OptValue>,
+    set: fn(&mut ServeConfig, OptValue),
+}
+
+/// A [`ServeConfig`] field's type, as an [`OptValue`].
+trait Field: Sized {
+    fn into_value(self) -> OptValue;
+    fn from_value(v: OptValue) -> Option<Self>;
+}
+
+impl Field for String {
+    fn into_value(self) -> OptValue {
+        OptValue::Text(self)
+    }
+    fn from_value(v: OptValue) -> Option<Self> {
+        match v {
+            OptValue::Text(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+impl Field for bool {
+    fn into_value(self) -> OptValue {
+        OptValue::Flag(self)
+    }
+    fn from_value(v: OptValue) -> Option<Self> {
+        match v {
+            OptValue::Flag(b) => Some(b),
+            _ => None,
+        }
+    }
+}
+
+impl Field for u64 {
+    fn into_value(self) -> OptValue {
+        OptValue::Int(self)
+    }
+    fn from_value(v: OptValue) -> Option<Self> {
+        match v {
+            OptValue::Int(n) => Some(n),
+            _ => None,
+        }
+    }
+}
+
+impl Field for u32 {
+    fn into_value(self) -> OptValue {
+        OptValue::Int(self.into())
+    }
+    fn from_value(v: OptValue) -> Option<Self> {
+        u64::from_value(v).and_then(|n| n.try_into().ok())
+    }
+}
+
+impl Field for f64 {
+    fn into_value(self) -> OptValue {
+        OptValue::Number(self)
+    }
+    fn from_value(v: OptValue) -> Option<Self> {
+        match v {
+            OptValue::Number(x) => Some(x),
+            _ => None,
+        }
+    }
+}
+
+/// The [`Access`] of field `$f` of [`ServeConfig`].
+macro_rules! field {
+    ($f:ident) => {
+        Access {
+            get: |c: &ServeConfig| c.$f.clone().map(Field::into_value),
+            set: |c: &mut ServeConfig, v: OptValue| c.$f = Field::from_value(v),
+        }
+    };
+}
+
+/// Everything about one `serve` option: the `[serve]` key, the command line flag (the key with
+/// `-` for `_`), their documentation, default and checks.
+#[derive(Debug, Clone, Copy)]
+pub struct KeyInfo {
+    /// The key; the flag is `--` and the key with `-` for `_`.
+    pub name: &'static str,
+    /// What it does. `{key}` names another option: rendered as `key` in the config file and
+    /// `--key` in `--help` ([`KeyInfo::file_doc`], [`KeyInfo::help_doc`]).
+    pub doc: &'static str,
+    /// What applies when the option is not given: with `default_is_value`, the value in TOML
+    /// syntax (checked as any other); else a description.
+    pub default: &'static str,
+    pub default_is_value: bool,
+    /// The allowed values, as errors and the example file show them.
+    pub allowed: &'static str,
+    /// The flag's value placeholder in `--help`.
+    pub value_name: &'static str,
+    pub kind: Kind,
+    /// How the example file shows the key.
+    pub example: Example,
+    access: Access,
+}
+
+/// A key's line in the example file: a value in TOML syntax, set or commented out, or the
+/// default commented out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Example {
     Set(&'static str),
     Commented(&'static str),
+    Default,
 }
 
-/// Most requests executed at once per connection (as `flashtier serve --threads`).
-pub const MAX_THREADS: u32 = 1024;
-/// Most client connections (as `flashtier serve --max-connections`).
-pub const MAX_CONNECTIONS: u32 = 65536;
-/// Largest request memory budget in MiB (as `--request-memory-mib`): 1 TiB.
-pub const MAX_REQUEST_MEMORY_MIB: u32 = 1 << 20;
-/// Largest shared worker pool (as `--worker-pool`).
-pub const MAX_WORKER_POOL: u32 = 65536;
+fn tls_mode(v: &str) -> Option<String> {
+    v.parse::<TlsMode>().ok().map(|m| m.to_string())
+}
 
-/// Every `[serve]` key, in the order the example file and `config check` show them.
+fn mode(v: &str) -> Option<String> {
+    Mode::from_str(v).ok().map(|m| m.name().to_string())
+}
+
+fn host_port(v: &str) -> Option<String> {
+    v.rsplit_once(':')
+        .is_some_and(|(_, port)| port.parse::<u16>().is_ok())
+        .then(|| v.to_string())
+}
+
+/// A non-empty string without further checks (a path, an address checked when it is used).
+const TEXT: Kind = Kind::Text {
+    empty: false,
+    check: None,
+};
+
+/// Every `serve` option, in the order `--help`, the example file and `config check` show them.
 pub const SERVE_KEYS: &[KeyInfo] = &[
     KeyInfo {
         name: "backing",
         doc: "The slow backing store: a file, a block device, or an NBD URI such as \
               nbd://host:10809/export or nbd+unix:///export?socket=/path.",
-        default: "none, required here or as --backing",
+        default: "none, required (on the command line or in the config file)",
+        default_is_value: false,
         allowed: "a path or an NBD URI",
+        value_name: "PATH|NBD-URI",
+        kind: TEXT,
         example: Example::Set("\"/dev/sdb\""),
+        access: field!(backing),
     },
     KeyInfo {
         name: "cache",
         doc: "The cache file or device (an SSD partition), prepared with `flashtier format` for \
-              this backing store. Without it the backing store is served as is (pass-through).",
+              this backing store. Without it the backing store is served as is (pass-through) \
+              until `flashtier attach --cache` adds one.",
         default: "none",
+        default_is_value: false,
         allowed: "a path",
+        value_name: "FILE|DEVICE",
+        kind: TEXT,
         example: Example::Set("\"/dev/nvme0n1p1\""),
-    },
-    KeyInfo {
-        name: "listen",
-        doc: "Where NBD clients connect: a unix socket path (created mode 0600), or HOST:PORT for \
-              TCP. :PORT listens on loopback only; name an address (e.g. 0.0.0.0:10809) to listen \
-              beyond this machine.",
-        default: "/run/flashtier/nbd.sock as root, else $XDG_RUNTIME_DIR/flashtier/nbd.sock",
-        allowed: "a socket path or [HOST]:PORT",
-        example: Example::Set("\"/run/flashtier/nbd.sock\""),
-    },
-    KeyInfo {
-        name: "tls",
-        doc: "TLS (NBD's STARTTLS): off, on (clients may upgrade) or require (nothing but \
-              STARTTLS is answered before TLS runs: every client must authenticate). Needs \
-              tls_certificates or tls_psk. Use require whenever listen names an address other \
-              machines can reach.",
-        default: "off",
-        allowed: "off | on | require",
-        example: Example::Commented("\"require\""),
-    },
-    KeyInfo {
-        name: "tls_certificates",
-        doc: "X.509 credentials for TLS: a directory with server-cert.pem and server-key.pem \
-              (and ca-cert.pem for tls_verify_peer), as nbdkit's --tls-certificates.",
-        default: "none",
-        allowed: "a directory",
-        example: Example::Commented("\"/etc/flashtier/pki\""),
-    },
-    KeyInfo {
-        name: "tls_psk",
-        doc: "Pre-shared keys for TLS: a file of username:hexkey lines (as nbdkit's --tls-psk \
-              and qemu's keys.psk), mode 0600.",
-        default: "none",
-        allowed: "a path",
-        example: Example::Commented("\"/etc/flashtier/keys.psk\""),
-    },
-    KeyInfo {
-        name: "tls_verify_peer",
-        doc: "With tls_certificates: require a client certificate signed by ca-cert.pem.",
-        default: "false",
-        allowed: "true | false",
-        example: Example::Commented("false"),
+        access: field!(cache),
     },
     KeyInfo {
         name: "mode",
@@ -187,38 +307,133 @@ pub const SERVE_KEYS: &[KeyInfo] = &[
               go to the backing store; reads are cached) or passthrough (the cache is bypassed). \
               Needs a cache. Change it live with `flashtier mode MODE` (leaving write-back writes \
               every dirty block back first); `flashtier set mode MODE --persist` also writes it \
-              here.",
+              to the config file.",
         default: "the mode the cache was formatted or last served with",
+        default_is_value: false,
         allowed: "writeback | writethrough | writearound | passthrough",
+        value_name: "MODE",
+        kind: Kind::Text {
+            empty: false,
+            check: Some(mode),
+        },
         example: Example::Commented("\"writeback\""),
+        access: field!(mode),
+    },
+    KeyInfo {
+        name: "listen",
+        doc: "Where NBD clients connect: a unix socket path (created mode 0600), or HOST:PORT for \
+              TCP. :PORT listens on loopback only; name an address (e.g. 0.0.0.0:10809) to listen \
+              beyond this machine.",
+        default: "/run/flashtier/nbd.sock as root, else $XDG_RUNTIME_DIR/flashtier/nbd.sock",
+        default_is_value: false,
+        allowed: "a socket path or [HOST]:PORT",
+        value_name: "SOCKET|HOST:PORT",
+        kind: TEXT,
+        example: Example::Set("\"/run/flashtier/nbd.sock\""),
+        access: field!(listen),
+    },
+    KeyInfo {
+        name: "tls",
+        doc: "TLS (NBD's STARTTLS): off, on (clients may upgrade) or require (nothing but \
+              STARTTLS is answered before TLS runs: every client must authenticate). Needs \
+              {tls_certificates} or {tls_psk}. Use require whenever {listen} names an address \
+              other machines can reach.",
+        default: "\"off\"",
+        default_is_value: true,
+        allowed: "off | on | require",
+        value_name: "off|on|require",
+        kind: Kind::Text {
+            empty: false,
+            check: Some(tls_mode),
+        },
+        example: Example::Commented("\"require\""),
+        access: field!(tls),
+    },
+    KeyInfo {
+        name: "tls_certificates",
+        doc: "X.509 credentials for TLS: a directory with server-cert.pem and server-key.pem \
+              (and ca-cert.pem for {tls_verify_peer}), as nbdkit's --tls-certificates and qemu's \
+              tls-creds-x509 use. Clients connect with e.g. \
+              `nbdinfo 'nbds://HOST:PORT/?tls-certificates=DIR'` (DIR holding the CA's \
+              ca-cert.pem).",
+        default: "none",
+        default_is_value: false,
+        allowed: "a directory",
+        value_name: "DIR",
+        kind: TEXT,
+        example: Example::Commented("\"/etc/flashtier/pki\""),
+        access: field!(tls_certificates),
+    },
+    KeyInfo {
+        name: "tls_psk",
+        doc: "Pre-shared keys for TLS: a file of `username:hexkey` lines (as nbdkit's --tls-psk \
+              and qemu's keys.psk; e.g. `alice:$(openssl rand -hex 32)`), mode 0600. Clients \
+              connect with e.g. `nbdinfo 'nbds://alice@HOST:PORT/?tls-psk-file=FILE'`.",
+        default: "none",
+        default_is_value: false,
+        allowed: "a path",
+        value_name: "FILE",
+        kind: TEXT,
+        example: Example::Commented("\"/etc/flashtier/keys.psk\""),
+        access: field!(tls_psk),
+    },
+    KeyInfo {
+        name: "tls_verify_peer",
+        doc: "With {tls_certificates}: require a client certificate signed by its ca-cert.pem.",
+        default: "false",
+        default_is_value: true,
+        allowed: "true | false",
+        value_name: "",
+        kind: Kind::Flag,
+        example: Example::Default,
+        access: field!(tls_verify_peer),
     },
     KeyInfo {
         name: "export_name",
         doc: "The NBD export's name. Clients asking for the empty (default) name get it too.",
         default: "\"flashtier\"",
+        default_is_value: true,
         allowed: "a string",
-        example: Example::Commented("\"flashtier\""),
+        value_name: "EXPORT_NAME",
+        kind: Kind::Text {
+            empty: true,
+            check: None,
+        },
+        example: Example::Default,
+        access: field!(export_name),
     },
     KeyInfo {
         name: "read_only",
         doc: "Serve read-only: writes, trims and zeroing fail with EPERM (not with a cache).",
         default: "false",
+        default_is_value: true,
         allowed: "true | false",
-        example: Example::Commented("false"),
+        value_name: "",
+        kind: Kind::Flag,
+        example: Example::Default,
+        access: field!(read_only),
     },
     KeyInfo {
         name: "direct",
         doc: "Open a backing file or block device with O_DIRECT, bypassing the kernel page cache.",
         default: "false",
+        default_is_value: true,
         allowed: "true | false",
-        example: Example::Commented("false"),
+        value_name: "",
+        kind: Kind::Flag,
+        example: Example::Default,
+        access: field!(direct),
     },
     KeyInfo {
         name: "threads",
         doc: "Requests executed at once per connection.",
         default: "16",
+        default_is_value: true,
         allowed: "1..=1024",
-        example: Example::Commented("16"),
+        value_name: "THREADS",
+        kind: Kind::Int { lo: 1, hi: 1024 },
+        example: Example::Default,
+        access: field!(threads),
     },
     KeyInfo {
         name: "max_connections",
@@ -227,16 +442,24 @@ pub const SERVE_KEYS: &[KeyInfo] = &[
               not reading its replies for 2 s, or idle for 10 s (in that order, longest first); \
               with none of those it is refused.",
         default: "256",
+        default_is_value: true,
         allowed: "1..=65536",
-        example: Example::Commented("256"),
+        value_name: "MAX_CONNECTIONS",
+        kind: Kind::Int { lo: 1, hi: 65536 },
+        example: Example::Default,
+        access: field!(max_connections),
     },
     KeyInfo {
         name: "handshake_timeout",
         doc: "Seconds a client has to finish the handshake (the TLS handshake included), counted \
               from when it connected, however slowly it sends.",
         default: "10",
+        default_is_value: true,
         allowed: "1..=3600",
-        example: Example::Commented("10"),
+        value_name: "SECS",
+        kind: Kind::Int { lo: 1, hi: 3600 },
+        example: Example::Default,
+        access: field!(handshake_timeout),
     },
     KeyInfo {
         name: "request_memory_mib",
@@ -244,8 +467,13 @@ pub const SERVE_KEYS: &[KeyInfo] = &[
               together. When it is spent, connections stop reading requests until replies drain, \
               and a client that has not read its replies for 2 s is disconnected to make room.",
         default: "1024",
+        default_is_value: true,
+        // 1 TiB.
         allowed: "1..=1048576",
-        example: Example::Commented("1024"),
+        value_name: "MIB",
+        kind: Kind::Int { lo: 1, hi: 1 << 20 },
+        example: Example::Default,
+        access: field!(request_memory_mib),
     },
     KeyInfo {
         name: "request_memory_per_connection_mib",
@@ -253,8 +481,12 @@ pub const SERVE_KEYS: &[KeyInfo] = &[
               replies stops being read from once they fill it. A single larger request is still \
               served alone.",
         default: "64",
+        default_is_value: true,
         allowed: "1..=1048576",
-        example: Example::Commented("64"),
+        value_name: "MIB",
+        kind: Kind::Int { lo: 1, hi: 1 << 20 },
+        example: Example::Default,
+        access: field!(request_memory_per_connection_mib),
     },
     KeyInfo {
         name: "worker_pool",
@@ -262,16 +494,29 @@ pub const SERVE_KEYS: &[KeyInfo] = &[
               (which is all an idle connection has). Extra threads start as requests arrive and \
               stop after 5 s without work.",
         default: "512",
+        default_is_value: true,
         allowed: "0..=65536",
-        example: Example::Commented("512"),
+        value_name: "N",
+        kind: Kind::Int { lo: 0, hi: 65536 },
+        example: Example::Default,
+        access: field!(worker_pool),
     },
     KeyInfo {
         name: "shutdown_grace",
         doc: "On SIGINT/SIGTERM, seconds to wait for clients to collect the replies to requests \
-              already executed before closing their connections anyway.",
+              already executed before closing their connections anyway (a client that stopped \
+              reading would otherwise hold the shutdown forever).",
         default: "30",
+        default_is_value: true,
         allowed: "0 or more (seconds)",
-        example: Example::Commented("30"),
+        value_name: "SECS",
+        // TOML integers are signed.
+        kind: Kind::Int {
+            lo: 0,
+            hi: i64::MAX as u64,
+        },
+        example: Example::Default,
+        access: field!(shutdown_grace),
     },
     KeyInfo {
         name: "control_socket",
@@ -279,34 +524,181 @@ pub const SERVE_KEYS: &[KeyInfo] = &[
               `stats`, `get`, `set`, `mode` and `reset-stats` use (their --control option).",
         default: "control.sock in the run directory (/run/flashtier as root, else \
                   $XDG_RUNTIME_DIR/flashtier)",
+        default_is_value: false,
         allowed: "a socket path",
+        value_name: "SOCKET",
+        kind: TEXT,
         example: Example::Commented("\"/run/flashtier/control.sock\""),
+        access: field!(control_socket),
     },
     KeyInfo {
         name: "metrics_listen",
         doc: "Serve Prometheus metrics (GET /metrics, text format 0.0.4) over HTTP on this \
               address. :PORT listens on loopback only.",
         default: "off",
+        default_is_value: false,
         allowed: "[HOST]:PORT",
+        value_name: "HOST:PORT",
+        kind: Kind::Text {
+            empty: false,
+            check: Some(host_port),
+        },
         example: Example::Commented("\"127.0.0.1:9633\""),
+        access: field!(metrics_listen),
     },
     KeyInfo {
         name: "stats_file",
         doc: "A cat-able stats file, rewritten every second: one `name value` line per counter \
-              and figure, and PATH.json beside it with `flashtier stats --json`'s report.",
+              and figure, and PATH.json beside it with `flashtier stats --json`'s report. Removed \
+              on exit.",
         default: "stats in the run directory (/run/flashtier/stats as root)",
+        default_is_value: false,
         allowed: "a path",
+        value_name: "PATH",
+        kind: TEXT,
         example: Example::Commented("\"/run/flashtier/stats\""),
+        access: field!(stats_file),
     },
     KeyInfo {
         name: "endurance_tbw",
         doc: "The cache device's rated endurance in terabytes written (its data sheet's TBW), for \
-              the wear forecast: days until the device reaches it at the current write rate.",
+              the wear forecast in `flashtier stats`: days until the device reaches it at the \
+              recent write rate.",
         default: "none, no wear forecast",
+        default_is_value: false,
         allowed: "a number > 0",
+        value_name: "TB",
+        kind: Kind::Positive,
         example: Example::Commented("600"),
+        access: field!(endurance_tbw),
     },
 ];
+
+impl KeyInfo {
+    /// The command line flag, without `--`.
+    pub fn flag(&self) -> String {
+        self.name.replace('_', "-")
+    }
+
+    /// The value this option has in `config`, if it is given.
+    pub fn get(&self, config: &ServeConfig) -> Option<OptValue> {
+        (self.access.get)(config)
+    }
+
+    /// Gives the option `value` in `config`: one [`KeyInfo::parse_arg`] or the config file
+    /// checked.
+    pub fn set(&self, config: &mut ServeConfig, value: OptValue) {
+        (self.access.set)(config, value);
+    }
+
+    /// The value that applies when the option is not given, if there is one.
+    pub fn default_value(&self) -> Option<OptValue> {
+        if !self.default_is_value {
+            return None;
+        }
+        let value: Value = self.default.parse().ok()?;
+        self.parse_item(&Item::Value(value)).ok()
+    }
+
+    /// [`KeyInfo::doc`] as the config file says it.
+    pub fn file_doc(&self) -> String {
+        render_refs(self.doc, |k| k.name.to_string())
+    }
+
+    /// [`KeyInfo::doc`] as `serve --help` says it, with the default (flags have none to show).
+    pub fn help_doc(&self) -> String {
+        let doc = render_refs(self.doc, |k| format!("--{}", k.flag()));
+        let default = match self.default_value() {
+            Some(v) => v.plain(),
+            None => self.default.to_string(),
+        };
+        match self.kind {
+            Kind::Flag => doc,
+            _ => format!("{doc} [default: {default}]"),
+        }
+    }
+
+    /// Checks a value given on the command line.
+    pub fn parse_arg(&self, arg: &str) -> Result<OptValue, String> {
+        let wrong = || format!("allowed {}", self.allowed);
+        match self.kind {
+            Kind::Text { empty, check } => {
+                if !empty && arg.trim().is_empty() {
+                    return Err(format!("expected a non-empty string ({})", self.allowed));
+                }
+                match check {
+                    Some(check) => check(arg).map(OptValue::Text).ok_or_else(wrong),
+                    None => Ok(OptValue::Text(arg.to_string())),
+                }
+            }
+            Kind::Flag => arg.parse().map(OptValue::Flag).map_err(|_| wrong()),
+            Kind::Int { lo, hi } => arg
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|n| (lo..=hi).contains(n))
+                .map(OptValue::Int)
+                .ok_or_else(wrong),
+            Kind::Positive => arg
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|v| v.is_finite() && *v > 0.0)
+                .map(OptValue::Number)
+                .ok_or_else(wrong),
+        }
+    }
+
+    /// Checks the value of the key in a config file; the error says what is wrong and what is
+    /// allowed.
+    fn parse_item(&self, item: &Item) -> Result<OptValue, String> {
+        let shown = item
+            .as_value()
+            .map(|v| v.to_string().trim().to_string())
+            .unwrap_or_else(|| "a table".to_string());
+        let wrong = || format!("invalid value {shown}: allowed {}", self.allowed);
+        match self.kind {
+            Kind::Text { empty, check } => {
+                let v = match item.as_str() {
+                    Some(v) if empty || !v.trim().is_empty() => v,
+                    _ if empty => return Err(wrong()),
+                    _ => {
+                        return Err(format!(
+                            "invalid value {shown}: expected a non-empty string ({})",
+                            self.allowed
+                        ))
+                    }
+                };
+                match check {
+                    Some(check) => check(v).map(OptValue::Text).ok_or_else(wrong),
+                    None => Ok(OptValue::Text(v.to_string())),
+                }
+            }
+            Kind::Flag => item.as_bool().map(OptValue::Flag).ok_or_else(wrong),
+            Kind::Int { lo, hi } => item
+                .as_integer()
+                .and_then(|n| u64::try_from(n).ok())
+                .filter(|n| (lo..=hi).contains(n))
+                .map(OptValue::Int)
+                .ok_or_else(wrong),
+            Kind::Positive => item
+                .as_float()
+                .or_else(|| item.as_integer().map(|n| n as f64))
+                .filter(|v| v.is_finite() && *v > 0.0)
+                .map(OptValue::Number)
+                .ok_or_else(wrong),
+        }
+    }
+}
+
+/// `doc` with each `{key}` of another option written as `name` makes it.
+fn render_refs(doc: &str, name: impl Fn(&KeyInfo) -> String) -> String {
+    let mut out = doc.to_string();
+    for k in SERVE_KEYS {
+        out = out.replace(&format!("{{{}}}", k.name), &name(k));
+    }
+    out
+}
 
 /// A config file that cannot be read, parsed, validated or written.
 #[derive(Debug, thiserror::Error)]
@@ -539,87 +931,10 @@ impl Parser<'_> {
                     ),
                 )
             })?;
-            let bad = |what: String| self.invalid(span.clone(), key.clone(), what);
-            let shown = item
-                .as_value()
-                .map(|v| v.to_string().trim().to_string())
-                .unwrap_or_else(|| "a table".to_string());
-            let wrong = || bad(format!("invalid value {shown}: allowed {}", info.allowed));
-            let string = || -> Result<String, ConfigError> {
-                match item.as_str() {
-                    Some(v) if !v.trim().is_empty() => Ok(v.to_string()),
-                    _ => Err(bad(format!(
-                        "invalid value {shown}: expected a non-empty string ({})",
-                        info.allowed
-                    ))),
-                }
-            };
-            let boolean = || item.as_bool().ok_or_else(wrong);
-            let integer = |lo: i64, hi: i64| {
-                item.as_integer()
-                    .filter(|n| (lo..=hi).contains(n))
-                    .ok_or_else(wrong)
-            };
-            match name {
-                "backing" => s.backing = Some(string()?),
-                "cache" => s.cache = Some(string()?),
-                "listen" => s.listen = Some(string()?),
-                "tls" => {
-                    let v = string()?;
-                    if !matches!(v.as_str(), "off" | "on" | "require") {
-                        return Err(wrong());
-                    }
-                    s.tls = Some(v);
-                }
-                "tls_certificates" => s.tls_certificates = Some(string()?),
-                "tls_psk" => s.tls_psk = Some(string()?),
-                "tls_verify_peer" => s.tls_verify_peer = Some(boolean()?),
-                "mode" => {
-                    let v = string()?;
-                    let m = Mode::from_str(&v).map_err(|_| {
-                        bad(format!("invalid value {shown}: allowed {}", info.allowed))
-                    })?;
-                    s.mode = Some(m.name().to_string());
-                }
-                "export_name" => s.export_name = Some(item.as_str().ok_or_else(wrong)?.to_string()),
-                "read_only" => s.read_only = Some(boolean()?),
-                "direct" => s.direct = Some(boolean()?),
-                "threads" => s.threads = Some(integer(1, MAX_THREADS.into())? as u32),
-                "max_connections" => {
-                    s.max_connections = Some(integer(1, MAX_CONNECTIONS.into())? as u32)
-                }
-                "handshake_timeout" => s.handshake_timeout = Some(integer(1, 3600)? as u32),
-                "request_memory_mib" => {
-                    s.request_memory_mib = Some(integer(1, MAX_REQUEST_MEMORY_MIB.into())? as u32)
-                }
-                "request_memory_per_connection_mib" => {
-                    s.request_memory_per_connection_mib =
-                        Some(integer(1, MAX_REQUEST_MEMORY_MIB.into())? as u32)
-                }
-                "worker_pool" => s.worker_pool = Some(integer(0, MAX_WORKER_POOL.into())? as u32),
-                "shutdown_grace" => s.shutdown_grace = Some(integer(0, i64::MAX)? as u64),
-                "control_socket" => s.control_socket = Some(string()?),
-                "metrics_listen" => {
-                    let v = string()?;
-                    let port_ok = v
-                        .rsplit_once(':')
-                        .is_some_and(|(_, port)| port.parse::<u16>().is_ok());
-                    if !port_ok {
-                        return Err(wrong());
-                    }
-                    s.metrics_listen = Some(v);
-                }
-                "stats_file" => s.stats_file = Some(string()?),
-                "endurance_tbw" => {
-                    let v = item
-                        .as_float()
-                        .or_else(|| item.as_integer().map(|n| n as f64))
-                        .filter(|v| v.is_finite() && *v > 0.0)
-                        .ok_or_else(wrong)?;
-                    s.endurance_tbw = Some(v);
-                }
-                _ => unreachable!("every entry of SERVE_KEYS is parsed"),
-            }
+            let value = info
+                .parse_item(item)
+                .map_err(|message| self.invalid(span.clone(), key, message))?;
+            info.set(&mut s, value);
         }
         Ok(s)
     }
@@ -787,8 +1102,9 @@ pub fn example() -> String {
         let line = match k.example {
             Example::Set(v) => format!("{} = {v}", k.name),
             Example::Commented(v) => format!("# {} = {v}", k.name),
+            Example::Default => format!("# {} = {}", k.name, k.default),
         };
-        entry(&mut out, k.doc, k.default, k.allowed, &line);
+        entry(&mut out, &k.file_doc(), k.default, k.allowed, &line);
     }
     out.push_str(
         "\n\
@@ -1325,6 +1641,94 @@ writeback_max_io_kib = 512
             c.serve.entries().iter().all(|(_, v)| v.is_some()),
             "{uncommented}"
         );
+    }
+
+    /// Each `[serve]` entry agrees with itself and with its field: a unique name and a doc; a
+    /// default that is a value parses and passes the entry's own check, and one that only
+    /// describes what applies does not look like one; the allowed text is what the check takes;
+    /// every value the example shows passes; and every value round-trips through the field, the
+    /// config file (parse, then `entries` rendering it back) and the command line parser.
+    #[test]
+    fn every_serve_key_is_consistent() {
+        for (i, k) in SERVE_KEYS.iter().enumerate() {
+            assert!(
+                SERVE_KEYS[..i].iter().all(|o| o.name != k.name),
+                "{} twice",
+                k.name
+            );
+            assert!(
+                k.doc.ends_with('.') && !k.doc.contains("{ "),
+                "{}: doc",
+                k.name
+            );
+            for doc in [k.file_doc(), k.help_doc()] {
+                assert!(
+                    !doc.contains('{'),
+                    "{}: a reference to no option: {doc}",
+                    k.name
+                );
+            }
+            match (k.default_is_value, k.default_value()) {
+                (true, None) => panic!("{}: default {} does not parse", k.name, k.default),
+                (false, Some(v)) => panic!("{}: default {} looks like {v:?}", k.name, k.default),
+                _ => {}
+            }
+            match k.kind {
+                Kind::Int { lo, hi } if k.name != "shutdown_grace" => {
+                    assert_eq!(k.allowed, format!("{lo}..={hi}"), "{}", k.name);
+                    assert!(k.parse_arg(&(hi + 1).to_string()).is_err(), "{}", k.name);
+                }
+                Kind::Flag => assert_eq!(k.allowed, "true | false"),
+                Kind::Text {
+                    check: Some(check), ..
+                } if k.allowed.contains(" | ") => {
+                    for word in k.allowed.split(" | ") {
+                        assert_eq!(check(word).as_deref(), Some(word), "{}", k.name);
+                    }
+                }
+                _ => {}
+            }
+            let example = match k.example {
+                Example::Set(v) | Example::Commented(v) => v,
+                Example::Default => k.default,
+            };
+            let mut values: Vec<_> = k.default_value().into_iter().collect();
+            let text = format!("[serve]\n{} = {example}\n", k.name);
+            let from_file = parse(path(), &text).unwrap_or_else(|e| panic!("{e}"));
+            values.push(k.get(&from_file.serve).expect("the example sets it"));
+            for v in values {
+                let mut c = ServeConfig::default();
+                k.set(&mut c, v.clone());
+                assert_eq!(k.get(&c), Some(v.clone()), "{}: the field holds it", k.name);
+                let (_, shown) = c
+                    .entries()
+                    .into_iter()
+                    .find(|(e, _)| e.name == k.name)
+                    .unwrap();
+                let text = format!("[serve]\n{} = {}\n", k.name, shown.unwrap());
+                assert_eq!(parse(path(), &text).unwrap().serve, c, "{text}");
+                if !matches!(k.kind, Kind::Flag) {
+                    assert_eq!(k.parse_arg(&v.plain()), Ok(v), "{}: command line", k.name);
+                }
+            }
+        }
+        // The defaults in force, and the command line over the file.
+        let d = ServeConfig::default().with_defaults();
+        assert_eq!(d.threads, Some(16));
+        assert_eq!(d.tls.as_deref(), Some("off"));
+        assert_eq!(d.export_name.as_deref(), Some("flashtier"));
+        assert_eq!((d.backing, d.read_only), (None, Some(false)));
+        let file = ServeConfig {
+            threads: Some(8),
+            backing: Some("/a".into()),
+            ..ServeConfig::default()
+        };
+        let cli = ServeConfig {
+            backing: Some("/b".into()),
+            ..ServeConfig::default()
+        };
+        let o = file.overridden_by(&cli);
+        assert_eq!((o.threads, o.backing.as_deref()), (Some(8), Some("/b")));
     }
 
     #[test]

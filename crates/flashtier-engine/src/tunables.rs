@@ -1,6 +1,13 @@
 //! Live parameters: every policy knob an operator can read and change while the cache serves,
 //! by name, with one place that knows each one's meaning, default and allowed values.
 //!
+//! Each parameter is one entry of a table (`DEFS`): its name, documentation, default, allowed
+//! values and how its values are parsed and stored. Everything else is derived from that entry:
+//! [`PARAMS`] (which `flashtier get --all`, `set --help`, the config file and its example show),
+//! parsing and range checks, the stored value and the defaults a cache starts with, and
+//! [`Cache::get_param`]. Adding a parameter is adding an entry (and, if the I/O paths read it,
+//! an accessor on `Tunables`).
+//!
 //! The control API, the config file and `flashtier config check` all go through [`PARAMS`],
 //! [`validate`], [`validate_all`] and [`Cache::set_params`], so a value is checked the same way
 //! wherever it comes from, and an error always names what is allowed.
@@ -16,7 +23,8 @@
 //! The cache mode is not here: switching it may write back every dirty block first, which is a
 //! long operation with progress, not a setting (see [`Cache::set_mode`]).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU8, Ordering};
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use parking_lot::Mutex;
 
@@ -36,151 +44,344 @@ pub struct ParamInfo {
     pub allowed: &'static str,
 }
 
-/// Largest sequential cutoff: a stream longer than 1 GiB is sequential by any standard.
-pub(crate) const MAX_CUTOFF_KIB: u32 = 1 << 20;
-/// Largest n for n-hit promotion.
-pub(crate) const MAX_PROMOTION_NHIT: u32 = 255;
-/// Longest n-hit window: a day.
-pub(crate) const MAX_PROMOTION_WINDOW_SECS: u32 = 86_400;
-/// Longest write-back age: a day.
-pub(crate) const MAX_WRITEBACK_AGE_SECS: u32 = 86_400;
-/// Longest backing idle delay: an hour.
-pub(crate) const MAX_WRITEBACK_IDLE_MS: u32 = 3_600_000;
-/// Largest write-back rate cap: 16 GiB/s (beyond any backing store).
-pub(crate) const MAX_WRITEBACK_RATE_KIB: u32 = 16 << 20;
-/// Most backing writes in flight per cleaning pass.
-pub(crate) const MAX_WRITEBACK_INFLIGHT: u32 = 64;
-/// Smallest and largest coalesced backing write.
-pub(crate) const MIN_WRITEBACK_IO_KIB: u32 = 4;
-pub(crate) const MAX_WRITEBACK_IO_KIB: u32 = 16 << 10;
+/// How a parameter's values are written and checked. Every value is stored as a `u32` (a
+/// number as is, a word as its code), so one array of atomics holds them all.
+#[derive(Clone, Copy)]
+enum Kind {
+    /// A number in `lo..=hi`.
+    Range(u32, u32),
+    /// One of a few words (any case), stored as the code `parse` gives it.
+    Choice {
+        parse: fn(&str) -> Option<u32>,
+        name: fn(u32) -> &'static str,
+    },
+}
+
+/// One parameter: what the operator sees, and how its values are parsed and kept.
+struct Param {
+    info: ParamInfo,
+    kind: Kind,
+    /// Where the value lives when it is the engine's own state rather than a tunable (the
+    /// reclaim policy is also written to the superblock): read and write it there.
+    engine: Option<EngineValue>,
+}
+
+/// Reads and writes a value kept by the engine.
+type EngineValue = (fn(&Cache) -> u32, fn(&Cache, u32));
+
+/// A parameter whose values are words: a type with a code per word.
+trait Choice: FromStr + Copy {
+    fn code(self) -> u32;
+    fn from_code(code: u32) -> Option<Self>;
+    fn name(self) -> &'static str;
+}
+
+fn parse_choice<T: Choice>(v: &str) -> Option<u32> {
+    v.parse::<T>().ok().map(T::code)
+}
+
+fn choice_name<T: Choice + Default>(code: u32) -> &'static str {
+    T::from_code(code).unwrap_or_default().name()
+}
+
+impl Choice for ReclaimPolicy {
+    fn code(self) -> u32 {
+        self as u32
+    }
+    fn from_code(code: u32) -> Option<Self> {
+        ReclaimPolicy::from_u8(u8::try_from(code).ok()?)
+    }
+    fn name(self) -> &'static str {
+        ReclaimPolicy::name(self)
+    }
+}
+
+impl Choice for PromotionPolicy {
+    fn code(self) -> u32 {
+        self as u32
+    }
+    fn from_code(code: u32) -> Option<Self> {
+        PromotionPolicy::from_u8(u8::try_from(code).ok()?)
+    }
+    fn name(self) -> &'static str {
+        PromotionPolicy::name(self)
+    }
+}
+
+/// `writeback_controller`: whether the PI controller steers the dirty level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Controller {
+    Off = 0,
+    #[default]
+    Pi = 1,
+}
+
+impl FromStr for Controller {
+    type Err = ();
+    fn from_str(s: &str) -> Result<Controller, ()> {
+        match s.to_ascii_lowercase().as_str() {
+            "pi" => Ok(Controller::Pi),
+            "off" => Ok(Controller::Off),
+            _ => Err(()),
+        }
+    }
+}
+
+impl Choice for Controller {
+    fn code(self) -> u32 {
+        self as u32
+    }
+    fn from_code(code: u32) -> Option<Self> {
+        match code {
+            0 => Some(Controller::Off),
+            1 => Some(Controller::Pi),
+            _ => None,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Controller::Off => "off",
+            Controller::Pi => "pi",
+        }
+    }
+}
+
+/// One table entry. The allowed values shown to the operator are spelled out from the same
+/// tokens the checks use (`lo..=hi`, the words), so the two cannot disagree; the default is
+/// checked against them by a test.
+macro_rules! param {
+    (
+        name: $name:literal,
+        range: $lo:literal ..= $hi:literal,
+        default: $default:literal,
+        doc: $doc:literal $(,)?
+    ) => {
+        Param {
+            info: ParamInfo {
+                name: $name,
+                doc: $doc,
+                default: concat!($default),
+                allowed: concat!($lo, "..=", $hi),
+            },
+            kind: Kind::Range($lo, $hi),
+            engine: None,
+        }
+    };
+    (
+        name: $name:literal,
+        choice: $ty:ty [$first:literal $(| $word:literal)*],
+        default: $default:literal,
+        doc: $doc:literal
+        $(, engine: $engine:expr)? $(,)?
+    ) => {
+        Param {
+            info: ParamInfo {
+                name: $name,
+                doc: $doc,
+                default: $default,
+                allowed: concat!($first $(, " | ", $word)*),
+            },
+            kind: Kind::Choice {
+                parse: parse_choice::<$ty>,
+                name: choice_name::<$ty>,
+            },
+            engine: param!(@engine $($engine)?),
+        }
+    };
+    (@engine) => { None };
+    (@engine $engine:expr) => { Some($engine) };
+}
 
 /// Every live parameter, in the order tables show them.
-pub const PARAMS: &[ParamInfo] = &[
-    ParamInfo {
+const DEFS: &[Param] = &[
+    param! {
         name: "reclaim_policy",
+        choice: ReclaimPolicy["fifo" | "lru"],
+        default: "lru",
         doc: "Which segment reclaim empties first when the cache is full: fifo (the oldest) or lru \
               (the least recently read; blocks read since they were cached are copied forward).",
-        default: "lru",
-        allowed: "fifo | lru",
+        engine: (engine_reclaim_policy, set_engine_reclaim_policy),
     },
-    ParamInfo {
+    param! {
         name: "sequential_cutoff_read_kib",
+        range: 0..=1048576,
+        default: 4096,
         doc: "Reads continuing a sequential stream longer than this many KiB are not promoted into \
               the cache (a table scan or backup does not flush the hot set). Hits are still served \
               from the cache. 0 = off.",
-        default: "4096",
-        allowed: "0..=1048576",
     },
-    ParamInfo {
+    param! {
         name: "sequential_cutoff_write_kib",
+        range: 0..=1048576,
+        default: 0,
         doc: "Writes continuing a sequential stream longer than this many KiB go around the cache to \
               the backing store (cached copies are invalidated first; blocks dirty in the cache stay \
               there), in write-back and write-through. Such writes are only as atomic as the backing \
               store makes them. Off by default: a database's redo log is a sequential stream that \
               needs the cache's write latency and atomic writes. 0 = off.",
-        default: "0",
-        allowed: "0..=1048576",
     },
-    ParamInfo {
+    param! {
         name: "promotion",
+        choice: PromotionPolicy["always" | "nhit"],
+        default: "always",
         doc: "When a block read from the backing store is cached: always (on its first miss), or \
               nhit (only after promotion_nhit misses within promotion_window_secs, so blocks read \
               once never displace the working set).",
-        default: "always",
-        allowed: "always | nhit",
     },
-    ParamInfo {
+    param! {
         name: "promotion_nhit",
+        range: 1..=255,
+        default: 2,
         doc: "With promotion = nhit: misses of a block, within the window, that promote it.",
-        default: "2",
-        allowed: "1..=255",
     },
-    ParamInfo {
+    param! {
         name: "promotion_window_secs",
+        // A day.
+        range: 1..=86400,
+        default: 300,
         doc: "With promotion = nhit: how long a block's misses are remembered.",
-        default: "300",
-        allowed: "1..=86400",
     },
-    ParamInfo {
+    param! {
         name: "writeback_controller",
+        choice: Controller["pi" | "off"],
+        default: "pi",
         doc: "In write-back mode, pi steers the dirty share of the cache toward \
               writeback_dirty_target_pct with a rate that follows how far above the target it is \
               (bcache's proportional-integral write-back controller), so dirty data drains smoothly \
               instead of in bursts at the watermark; off leaves the watermarks, max age and idle \
               delay.",
-        default: "pi",
-        allowed: "pi | off",
     },
-    ParamInfo {
+    param! {
         name: "writeback_dirty_target_pct",
+        range: 0..=100,
+        default: 10,
         doc: "The dirty share of the cache (percent of its capacity) the pi controller aims for: \
               below it the controller writes nothing back; above it the write-back rate grows \
               with the excess and with how long it lasts.",
-        default: "10",
-        allowed: "0..=100",
     },
-    ParamInfo {
+    param! {
         name: "writeback_dirty_high_pct",
+        range: 1..=100,
+        default: 70,
         doc: "Above this dirty share the cache writes back at full speed (every in-flight slot, no \
               rate limit, ahead of client backing I/O) until the dirty share is down to \
               writeback_dirty_low_pct.",
-        default: "70",
-        allowed: "1..=100",
     },
-    ParamInfo {
+    param! {
         name: "writeback_dirty_low_pct",
+        range: 0..=99,
+        default: 50,
         doc: "Where a full-speed drain started at writeback_dirty_high_pct stops; must be below \
               it. To move both watermarks past each other, change them together (one `flashtier \
               set` with both, or the config file).",
-        default: "50",
-        allowed: "0..=99",
     },
-    ParamInfo {
+    param! {
         name: "writeback_max_age_secs",
+        // A day.
+        range: 0..=86400,
+        default: 0,
         doc: "Dirty blocks written to the cache longer ago than this are written back (within \
               about a second); blocks copied forward by reclaim count from their copy. 0 = off.",
-        default: "0",
-        allowed: "0..=86400",
     },
-    ParamInfo {
+    param! {
         name: "writeback_idle_delay_ms",
+        // An hour.
+        range: 0..=3600000,
+        default: 0,
         doc: "Once no client I/O has gone to the backing store for this long, dirty blocks are \
               written back (at full speed, up to writeback_rate_max_kib, while it stays idle). \
               0 = off.",
-        default: "0",
-        allowed: "0..=3600000",
     },
-    ParamInfo {
+    param! {
         name: "writeback_rate_max_kib",
+        // 16 GiB/s: beyond any backing store.
+        range: 0..=16777216,
+        default: 0,
         doc: "Cap in KiB/s on background write-back (controller, max age, idle); not applied above \
               writeback_dirty_high_pct, nor to flush, mode switches or reclaim. 0 = no cap.",
-        default: "0",
-        allowed: "0..=16777216",
     },
-    ParamInfo {
+    param! {
         name: "writeback_order",
+        choice: ReclaimPolicy["fifo" | "lru"],
+        default: "fifo",
         doc: "Which dirty blocks background write-back takes first: fifo (the oldest written) or \
               lru (those in the least recently read segments). Each pass then writes them sorted \
               by address, merged with their dirty neighbours.",
-        default: "fifo",
-        allowed: "fifo | lru",
     },
-    ParamInfo {
+    param! {
         name: "writeback_max_inflight",
+        range: 1..=64,
+        default: 4,
         doc: "Backing writes in flight at once in a write-back pass (every pass: background, \
               flush, mode switch, reclaim). Background write-back drops to one while clients \
               read or write the backing store, unless above writeback_dirty_high_pct.",
-        default: "4",
-        allowed: "1..=64",
     },
-    ParamInfo {
+    param! {
         name: "writeback_max_io_kib",
+        range: 4..=16384,
+        default: 1024,
         doc: "Largest backing write: dirty blocks at consecutive addresses are merged up to this \
               size (every pass: background, flush, mode switch, reclaim).",
-        default: "1024",
-        allowed: "4..=16384",
     },
 ];
+
+fn engine_reclaim_policy(cache: &Cache) -> u32 {
+    cache.engine().reclaim_policy().code()
+}
+
+fn set_engine_reclaim_policy(cache: &Cache, code: u32) {
+    cache.set_reclaim_policy(ReclaimPolicy::from_code(code).unwrap_or_default());
+}
+
+const COUNT: usize = DEFS.len();
+
+const fn infos() -> [ParamInfo; COUNT] {
+    let mut out = [DEFS[0].info; COUNT];
+    let mut i = 0;
+    while i < COUNT {
+        out[i] = DEFS[i].info;
+        i += 1;
+    }
+    out
+}
+
+/// Every live parameter, in the order tables show them.
+pub const PARAMS: &[ParamInfo] = &infos();
+
+/// The position of parameter `name` in the table; a name that is not there fails the build.
+const fn index(name: &str) -> usize {
+    let mut i = 0;
+    while i < COUNT {
+        let (a, b) = (DEFS[i].info.name.as_bytes(), name.as_bytes());
+        if a.len() == b.len() {
+            let mut j = 0;
+            while j < a.len() && a[j] == b[j] {
+                j += 1;
+            }
+            if j == a.len() {
+                return i;
+            }
+        }
+        i += 1;
+    }
+    panic!("no such parameter")
+}
+
+const CUTOFF_READ_KIB: usize = index("sequential_cutoff_read_kib");
+const CUTOFF_WRITE_KIB: usize = index("sequential_cutoff_write_kib");
+const PROMOTION: usize = index("promotion");
+const PROMOTION_NHIT: usize = index("promotion_nhit");
+const PROMOTION_WINDOW_SECS: usize = index("promotion_window_secs");
+const WRITEBACK_CONTROLLER: usize = index("writeback_controller");
+const WRITEBACK_TARGET_PCT: usize = index("writeback_dirty_target_pct");
+const WRITEBACK_HIGH_PCT: usize = index("writeback_dirty_high_pct");
+const WRITEBACK_LOW_PCT: usize = index("writeback_dirty_low_pct");
+const WRITEBACK_MAX_AGE_SECS: usize = index("writeback_max_age_secs");
+const WRITEBACK_IDLE_DELAY_MS: usize = index("writeback_idle_delay_ms");
+const WRITEBACK_RATE_MAX_KIB: usize = index("writeback_rate_max_kib");
+const WRITEBACK_ORDER: usize = index("writeback_order");
+const WRITEBACK_MAX_INFLIGHT: usize = index("writeback_max_inflight");
+const WRITEBACK_MAX_IO_KIB: usize = index("writeback_max_io_kib");
 
 /// Pairs of numeric parameters where the first must stay below the second.
 pub const ORDERED: &[(&str, &str)] = &[("writeback_dirty_low_pct", "writeback_dirty_high_pct")];
@@ -221,15 +422,20 @@ pub enum ParamError {
     },
 }
 
-/// The description of `name`.
-pub fn info(name: &str) -> Result<&'static ParamInfo, ParamError> {
+/// The table position of `name`.
+fn position(name: &str) -> Result<usize, ParamError> {
     PARAMS
         .iter()
-        .find(|p| p.name == name)
+        .position(|p| p.name == name)
         .ok_or_else(|| ParamError::Unknown {
             name: name.to_string(),
             known: PARAMS.iter().map(|p| p.name).collect::<Vec<_>>().join(", "),
         })
+}
+
+/// The description of `name`.
+pub fn info(name: &str) -> Result<&'static ParamInfo, ParamError> {
+    position(name).map(|i| &PARAMS[i])
 }
 
 /// Checks `value` for `name` without a cache (for config files).
@@ -242,41 +448,39 @@ pub fn validate(name: &str, value: &str) -> Result<(), ParamError> {
 /// defaults they leave.
 pub fn validate_all<N: AsRef<str>, V: AsRef<str>>(settings: &[(N, V)]) -> Result<(), ParamError> {
     let parsed = parse_all(settings)?;
-    check_order(&parsed, default_number, "the default")
+    check_order(&parsed, default_code, "the default")
 }
 
-/// Each entry parsed, keeping its canonical name.
+/// Each entry parsed.
 fn parse_all<N: AsRef<str>, V: AsRef<str>>(
     settings: &[(N, V)],
-) -> Result<Vec<(&'static str, Setting)>, ParamError> {
+) -> Result<Vec<Setting>, ParamError> {
     settings
         .iter()
-        .map(|(n, v)| Ok((info(n.as_ref())?.name, parse(n.as_ref(), v.as_ref())?)))
+        .map(|(n, v)| parse(n.as_ref(), v.as_ref()))
         .collect()
 }
 
-fn default_number(name: &str) -> u32 {
-    info(name)
-        .ok()
-        .and_then(|p| p.default.parse().ok())
+/// The stored form of parameter `i`'s default (valid: a test parses every default).
+fn default_code(i: usize) -> u32 {
+    parse(PARAMS[i].name, PARAMS[i].default)
+        .map(|s| s.code)
         .unwrap_or(0)
 }
 
-/// Checks [`ORDERED`] over `changes` (the last one of a name wins) on top of `base`, which
-/// `base_is` describes in the error ("the current value").
+/// Checks [`ORDERED`] over `changes` (the last one of a name wins) on top of `base` (by table
+/// position), which `base_is` describes in the error ("the current value").
 fn check_order(
-    changes: &[(&'static str, Setting)],
-    base: impl Fn(&str) -> u32,
+    changes: &[Setting],
+    base: impl Fn(usize) -> u32,
     base_is: &str,
 ) -> Result<(), ParamError> {
     let value = |name: &str| -> (u32, String) {
-        match changes.iter().rev().find(|(n, _)| *n == name) {
-            Some((_, s)) => {
-                let v = s.number().unwrap_or(0);
-                (v, v.to_string())
-            }
+        let i = position(name).expect("ORDERED names parameters");
+        match changes.iter().rev().find(|s| s.index == i) {
+            Some(s) => (s.code, s.code.to_string()),
             None => {
-                let v = base(name);
+                let v = base(i);
                 (v, format!("{v}, {base_is}"))
             }
         }
@@ -295,121 +499,47 @@ fn check_order(
     Ok(())
 }
 
-/// A checked value of one parameter.
+/// A checked value of one parameter: its table position and stored form.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Setting {
-    ReclaimPolicy(ReclaimPolicy),
-    CutoffReadKib(u32),
-    CutoffWriteKib(u32),
-    Promotion(PromotionPolicy),
-    PromotionNhit(u32),
-    PromotionWindowSecs(u32),
-    WritebackController(bool),
-    WritebackTargetPct(u32),
-    WritebackHighPct(u32),
-    WritebackLowPct(u32),
-    WritebackMaxAgeSecs(u32),
-    WritebackIdleDelayMs(u32),
-    WritebackRateMaxKib(u32),
-    WritebackOrder(ReclaimPolicy),
-    WritebackMaxInflight(u32),
-    WritebackMaxIoKib(u32),
+struct Setting {
+    index: usize,
+    code: u32,
 }
 
 impl Setting {
-    /// The value of a numeric parameter.
-    fn number(&self) -> Option<u32> {
-        match *self {
-            Setting::CutoffReadKib(v)
-            | Setting::CutoffWriteKib(v)
-            | Setting::PromotionNhit(v)
-            | Setting::PromotionWindowSecs(v)
-            | Setting::WritebackTargetPct(v)
-            | Setting::WritebackHighPct(v)
-            | Setting::WritebackLowPct(v)
-            | Setting::WritebackMaxAgeSecs(v)
-            | Setting::WritebackIdleDelayMs(v)
-            | Setting::WritebackRateMaxKib(v)
-            | Setting::WritebackMaxInflight(v)
-            | Setting::WritebackMaxIoKib(v) => Some(v),
-            Setting::ReclaimPolicy(_)
-            | Setting::Promotion(_)
-            | Setting::WritebackController(_)
-            | Setting::WritebackOrder(_) => None,
-        }
+    fn name(&self) -> &'static str {
+        PARAMS[self.index].name
     }
 }
 
 fn parse(name: &str, value: &str) -> Result<Setting, ParamError> {
-    let p = info(name)?;
-    let bad = || ParamError::Invalid {
-        name: p.name,
-        value: value.to_string(),
-        allowed: p.allowed,
-    };
+    let index = position(name)?;
+    let p = &DEFS[index];
     let v = value.trim();
-    let number = |lo: u32, hi: u32| {
-        v.parse::<u32>()
-            .ok()
-            .filter(|n| (lo..=hi).contains(n))
-            .ok_or_else(bad)
+    let code = match p.kind {
+        Kind::Range(lo, hi) => v.parse::<u32>().ok().filter(|n| (lo..=hi).contains(n)),
+        Kind::Choice { parse, .. } => parse(v),
     };
-    Ok(match p.name {
-        "reclaim_policy" => Setting::ReclaimPolicy(v.parse().map_err(|_| bad())?),
-        "sequential_cutoff_read_kib" => Setting::CutoffReadKib(number(0, MAX_CUTOFF_KIB)?),
-        "sequential_cutoff_write_kib" => Setting::CutoffWriteKib(number(0, MAX_CUTOFF_KIB)?),
-        "promotion" => Setting::Promotion(v.parse().map_err(|_| bad())?),
-        "promotion_nhit" => Setting::PromotionNhit(number(1, MAX_PROMOTION_NHIT)?),
-        "promotion_window_secs" => {
-            Setting::PromotionWindowSecs(number(1, MAX_PROMOTION_WINDOW_SECS)?)
-        }
-        "writeback_controller" => {
-            Setting::WritebackController(match v.to_ascii_lowercase().as_str() {
-                "pi" => true,
-                "off" => false,
-                _ => return Err(bad()),
-            })
-        }
-        "writeback_dirty_target_pct" => Setting::WritebackTargetPct(number(0, 100)?),
-        "writeback_dirty_high_pct" => Setting::WritebackHighPct(number(1, 100)?),
-        "writeback_dirty_low_pct" => Setting::WritebackLowPct(number(0, 99)?),
-        "writeback_max_age_secs" => {
-            Setting::WritebackMaxAgeSecs(number(0, MAX_WRITEBACK_AGE_SECS)?)
-        }
-        "writeback_idle_delay_ms" => {
-            Setting::WritebackIdleDelayMs(number(0, MAX_WRITEBACK_IDLE_MS)?)
-        }
-        "writeback_rate_max_kib" => {
-            Setting::WritebackRateMaxKib(number(0, MAX_WRITEBACK_RATE_KIB)?)
-        }
-        "writeback_order" => Setting::WritebackOrder(v.parse().map_err(|_| bad())?),
-        "writeback_max_inflight" => {
-            Setting::WritebackMaxInflight(number(1, MAX_WRITEBACK_INFLIGHT)?)
-        }
-        "writeback_max_io_kib" => {
-            Setting::WritebackMaxIoKib(number(MIN_WRITEBACK_IO_KIB, MAX_WRITEBACK_IO_KIB)?)
-        }
-        _ => unreachable!("every entry of PARAMS is parsed"),
-    })
+    code.map(|code| Setting { index, code })
+        .ok_or_else(|| ParamError::Invalid {
+            name: p.info.name,
+            value: value.to_string(),
+            allowed: p.info.allowed,
+        })
 }
 
-/// The live values the I/O paths read (the reclaim policy lives with the engine's other state).
+/// A stored value as `set_param` takes it.
+fn show(index: usize, code: u32) -> String {
+    match DEFS[index].kind {
+        Kind::Range(..) => code.to_string(),
+        Kind::Choice { name, .. } => name(code).to_string(),
+    }
+}
+
+/// The live values the I/O paths read, one per parameter in table order (the reclaim
+/// policy's slot is unused: it lives with the engine's other state).
 pub(crate) struct Tunables {
-    cutoff_read_kib: AtomicU32,
-    cutoff_write_kib: AtomicU32,
-    promotion: AtomicU8,
-    promotion_nhit: AtomicU32,
-    promotion_window_secs: AtomicU32,
-    writeback_pi: AtomicBool,
-    writeback_target_pct: AtomicU32,
-    writeback_high_pct: AtomicU32,
-    writeback_low_pct: AtomicU32,
-    writeback_max_age_secs: AtomicU32,
-    writeback_idle_delay_ms: AtomicU32,
-    writeback_rate_max_kib: AtomicU32,
-    writeback_order: AtomicU8,
-    writeback_max_inflight: AtomicU32,
-    writeback_max_io_kib: AtomicU32,
+    values: [AtomicU32; COUNT],
     /// Held while a set of values is checked against the current ones and applied, so two
     /// changes racing cannot together leave what neither would have been allowed to.
     changing: Mutex<()>,
@@ -417,67 +547,51 @@ pub(crate) struct Tunables {
 
 impl Default for Tunables {
     fn default() -> Self {
-        let t = Tunables {
-            cutoff_read_kib: AtomicU32::new(0),
-            cutoff_write_kib: AtomicU32::new(0),
-            promotion: AtomicU8::new(PromotionPolicy::Always as u8),
-            promotion_nhit: AtomicU32::new(0),
-            promotion_window_secs: AtomicU32::new(0),
-            writeback_pi: AtomicBool::new(false),
-            writeback_target_pct: AtomicU32::new(0),
-            writeback_high_pct: AtomicU32::new(0),
-            writeback_low_pct: AtomicU32::new(0),
-            writeback_max_age_secs: AtomicU32::new(0),
-            writeback_idle_delay_ms: AtomicU32::new(0),
-            writeback_rate_max_kib: AtomicU32::new(0),
-            writeback_order: AtomicU8::new(0),
-            writeback_max_inflight: AtomicU32::new(1),
-            writeback_max_io_kib: AtomicU32::new(MIN_WRITEBACK_IO_KIB),
+        Tunables {
+            values: std::array::from_fn(|i| AtomicU32::new(default_code(i))),
             changing: Mutex::new(()),
-        };
-        for p in PARAMS {
-            if let Ok(s) = parse(p.name, p.default) {
-                t.apply(s);
-            }
         }
-        t
     }
 }
 
 impl Tunables {
+    fn get(&self, index: usize) -> u32 {
+        self.values[index].load(Ordering::Relaxed)
+    }
+
     /// Bytes a read stream may run before its misses stop being promoted; `None` = off.
     pub fn sequential_cutoff_read_bytes(&self) -> Option<u64> {
-        kib_to_bytes(self.cutoff_read_kib.load(Ordering::Relaxed))
+        kib_to_bytes(self.get(CUTOFF_READ_KIB))
     }
 
     /// Bytes a write stream may run before its writes go around the cache; `None` = off.
     pub fn sequential_cutoff_write_bytes(&self) -> Option<u64> {
-        kib_to_bytes(self.cutoff_write_kib.load(Ordering::Relaxed))
+        kib_to_bytes(self.get(CUTOFF_WRITE_KIB))
     }
 
     pub fn promotion(&self) -> PromotionPolicy {
-        PromotionPolicy::from_u8(self.promotion.load(Ordering::Relaxed)).unwrap_or_default()
+        PromotionPolicy::from_code(self.get(PROMOTION)).unwrap_or_default()
     }
 
     pub fn promotion_nhit(&self) -> u32 {
-        self.promotion_nhit.load(Ordering::Relaxed)
+        self.get(PROMOTION_NHIT)
     }
 
     pub fn promotion_window_secs(&self) -> u32 {
-        self.promotion_window_secs.load(Ordering::Relaxed)
+        self.get(PROMOTION_WINDOW_SECS)
     }
 
     /// Whether the PI controller steers the dirty level.
     pub fn writeback_pi(&self) -> bool {
-        self.writeback_pi.load(Ordering::Relaxed)
+        Controller::from_code(self.get(WRITEBACK_CONTROLLER)) == Some(Controller::Pi)
     }
 
     pub fn writeback_target_pct(&self) -> u32 {
-        self.writeback_target_pct.load(Ordering::Relaxed)
+        self.get(WRITEBACK_TARGET_PCT)
     }
 
     pub fn writeback_high_pct(&self) -> u32 {
-        self.writeback_high_pct.load(Ordering::Relaxed)
+        self.get(WRITEBACK_HIGH_PCT)
     }
 
     /// The low watermark in effect: below the high one even when read halfway through a
@@ -485,68 +599,39 @@ impl Tunables {
     /// ordered).
     pub fn writeback_low_pct(&self) -> u32 {
         let high = self.writeback_high_pct();
-        self.writeback_low_pct
-            .load(Ordering::Relaxed)
-            .min(high.saturating_sub(1))
+        self.get(WRITEBACK_LOW_PCT).min(high.saturating_sub(1))
     }
 
     /// `None` = off.
     pub fn writeback_max_age_secs(&self) -> Option<u32> {
-        Some(self.writeback_max_age_secs.load(Ordering::Relaxed)).filter(|&v| v > 0)
+        Some(self.get(WRITEBACK_MAX_AGE_SECS)).filter(|&v| v > 0)
     }
 
     /// `None` = off.
     pub fn writeback_idle_delay_ms(&self) -> Option<u32> {
-        Some(self.writeback_idle_delay_ms.load(Ordering::Relaxed)).filter(|&v| v > 0)
+        Some(self.get(WRITEBACK_IDLE_DELAY_MS)).filter(|&v| v > 0)
     }
 
     /// Cap on background write-back in bytes per second; `None` = no cap.
     pub fn writeback_rate_max_bytes(&self) -> Option<u64> {
-        kib_to_bytes(self.writeback_rate_max_kib.load(Ordering::Relaxed))
+        kib_to_bytes(self.get(WRITEBACK_RATE_MAX_KIB))
     }
 
     pub fn writeback_order(&self) -> ReclaimPolicy {
-        ReclaimPolicy::from_u8(self.writeback_order.load(Ordering::Relaxed)).unwrap_or_default()
+        ReclaimPolicy::from_code(self.get(WRITEBACK_ORDER)).unwrap_or_default()
     }
 
     pub fn writeback_max_inflight(&self) -> usize {
-        self.writeback_max_inflight.load(Ordering::Relaxed).max(1) as usize
+        self.get(WRITEBACK_MAX_INFLIGHT).max(1) as usize
     }
 
     pub fn writeback_max_io_bytes(&self) -> u64 {
-        self.writeback_max_io_kib.load(Ordering::Relaxed) as u64 * 1024
+        self.get(WRITEBACK_MAX_IO_KIB) as u64 * 1024
     }
 
-    /// Stores a checked value; the reclaim policy is the engine's, not stored here.
+    /// Stores a checked value.
     fn apply(&self, s: Setting) {
-        match s {
-            Setting::ReclaimPolicy(_) => {}
-            Setting::CutoffReadKib(v) => self.cutoff_read_kib.store(v, Ordering::Relaxed),
-            Setting::CutoffWriteKib(v) => self.cutoff_write_kib.store(v, Ordering::Relaxed),
-            Setting::Promotion(v) => self.promotion.store(v as u8, Ordering::Relaxed),
-            Setting::PromotionNhit(v) => self.promotion_nhit.store(v, Ordering::Relaxed),
-            Setting::PromotionWindowSecs(v) => {
-                self.promotion_window_secs.store(v, Ordering::Relaxed)
-            }
-            Setting::WritebackController(v) => self.writeback_pi.store(v, Ordering::Relaxed),
-            Setting::WritebackTargetPct(v) => self.writeback_target_pct.store(v, Ordering::Relaxed),
-            Setting::WritebackHighPct(v) => self.writeback_high_pct.store(v, Ordering::Relaxed),
-            Setting::WritebackLowPct(v) => self.writeback_low_pct.store(v, Ordering::Relaxed),
-            Setting::WritebackMaxAgeSecs(v) => {
-                self.writeback_max_age_secs.store(v, Ordering::Relaxed)
-            }
-            Setting::WritebackIdleDelayMs(v) => {
-                self.writeback_idle_delay_ms.store(v, Ordering::Relaxed)
-            }
-            Setting::WritebackRateMaxKib(v) => {
-                self.writeback_rate_max_kib.store(v, Ordering::Relaxed)
-            }
-            Setting::WritebackOrder(v) => self.writeback_order.store(v as u8, Ordering::Relaxed),
-            Setting::WritebackMaxInflight(v) => {
-                self.writeback_max_inflight.store(v, Ordering::Relaxed)
-            }
-            Setting::WritebackMaxIoKib(v) => self.writeback_max_io_kib.store(v, Ordering::Relaxed),
-        }
+        self.values[s.index].store(s.code, Ordering::Relaxed);
     }
 }
 
@@ -557,34 +642,16 @@ fn kib_to_bytes(kib: u32) -> Option<u64> {
 impl Cache {
     /// The current value of `name`, formatted as `set_param` accepts it.
     pub fn get_param(&self, name: &str) -> Result<String, ParamError> {
-        let p = info(name)?;
-        let t = &self.engine().tunables;
-        Ok(match p.name {
-            "reclaim_policy" => self.engine().reclaim_policy().to_string(),
-            "sequential_cutoff_read_kib" => t.cutoff_read_kib.load(Ordering::Relaxed).to_string(),
-            "sequential_cutoff_write_kib" => t.cutoff_write_kib.load(Ordering::Relaxed).to_string(),
-            "promotion" => t.promotion().to_string(),
-            "promotion_nhit" => t.promotion_nhit().to_string(),
-            "promotion_window_secs" => t.promotion_window_secs().to_string(),
-            "writeback_controller" => if t.writeback_pi() { "pi" } else { "off" }.to_string(),
-            "writeback_dirty_target_pct" => t.writeback_target_pct().to_string(),
-            "writeback_dirty_high_pct" => t.writeback_high_pct().to_string(),
-            "writeback_dirty_low_pct" => t.writeback_low_pct.load(Ordering::Relaxed).to_string(),
-            "writeback_max_age_secs" => {
-                t.writeback_max_age_secs.load(Ordering::Relaxed).to_string()
-            }
-            "writeback_idle_delay_ms" => t
-                .writeback_idle_delay_ms
-                .load(Ordering::Relaxed)
-                .to_string(),
-            "writeback_rate_max_kib" => {
-                t.writeback_rate_max_kib.load(Ordering::Relaxed).to_string()
-            }
-            "writeback_order" => t.writeback_order().to_string(),
-            "writeback_max_inflight" => t.writeback_max_inflight().to_string(),
-            "writeback_max_io_kib" => t.writeback_max_io_kib.load(Ordering::Relaxed).to_string(),
-            _ => unreachable!("every entry of PARAMS has a value"),
-        })
+        let i = position(name)?;
+        Ok(show(i, self.param_code(i)))
+    }
+
+    /// The stored form of parameter `i` as set (the low watermark as stored, not as in effect).
+    fn param_code(&self, i: usize) -> u32 {
+        match DEFS[i].engine {
+            Some((get, _)) => get(self),
+            None => self.engine().tunables.get(i),
+        }
     }
 
     /// Checks and applies `value` to `name`; it takes effect from the next request.
@@ -601,15 +668,15 @@ impl Cache {
         let t = &self.engine().tunables;
         let _changing = t.changing.lock();
         let parsed = self.check(settings)?;
-        for (name, s) in &parsed {
-            match *s {
-                Setting::ReclaimPolicy(p) => self.set_reclaim_policy(p),
-                s => t.apply(s),
+        for s in &parsed {
+            match DEFS[s.index].engine {
+                Some((_, set)) => set(self, s.code),
+                None => t.apply(*s),
             }
-            let value = self.get_param(name)?;
+            let (name, value) = (s.name(), show(s.index, s.code));
             tracing::info!(name, value, "parameter changed");
         }
-        if parsed.iter().any(|(n, _)| n.starts_with("writeback_")) {
+        if parsed.iter().any(|s| s.name().starts_with("writeback_")) {
             // The cleaner re-plans at once (a new target, rate or watermark).
             self.engine().wake_writeback();
         }
@@ -627,15 +694,9 @@ impl Cache {
     fn check<N: AsRef<str>, V: AsRef<str>>(
         &self,
         settings: &[(N, V)],
-    ) -> Result<Vec<(&'static str, Setting)>, ParamError> {
+    ) -> Result<Vec<Setting>, ParamError> {
         let parsed = parse_all(settings)?;
-        let current = |name: &str| {
-            self.get_param(name)
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
-        check_order(&parsed, current, "the current value")?;
+        check_order(&parsed, |i| self.param_code(i), "the current value")?;
         Ok(parsed)
     }
 
@@ -643,7 +704,8 @@ impl Cache {
     pub fn params(&self) -> Vec<(&'static ParamInfo, String)> {
         PARAMS
             .iter()
-            .map(|p| (p, self.get_param(p.name).expect("known parameter")))
+            .enumerate()
+            .map(|(i, p)| (p, show(i, self.param_code(i))))
             .collect()
     }
 }
@@ -651,6 +713,63 @@ impl Cache {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each table entry agrees with itself: a unique name, a documented meaning, a default the
+    /// entry's own parser takes and shows back unchanged, and allowed values (as shown in errors
+    /// and help) that are exactly what the parser takes.
+    #[test]
+    fn every_entry_is_consistent() {
+        assert_eq!(PARAMS.len(), DEFS.len());
+        for (i, (p, d)) in PARAMS.iter().zip(DEFS).enumerate() {
+            assert_eq!(*p, d.info);
+            assert_eq!(index(p.name), i, "{} is not unique", p.name);
+            assert!(p.doc.ends_with('.') && p.doc.len() > 20, "{}: doc", p.name);
+            let s = parse(p.name, p.default).unwrap_or_else(|e| panic!("{}: {e}", p.name));
+            assert_eq!(show(i, s.code), p.default, "{}: default", p.name);
+            match d.kind {
+                Kind::Range(lo, hi) => {
+                    assert!(
+                        lo <= hi && p.allowed == format!("{lo}..={hi}"),
+                        "{}",
+                        p.name
+                    );
+                    for ok in [lo, hi] {
+                        assert_eq!(parse(p.name, &ok.to_string()).unwrap().code, ok);
+                    }
+                    for bad in [lo.checked_sub(1), hi.checked_add(1)].into_iter().flatten() {
+                        assert!(validate(p.name, &bad.to_string()).is_err(), "{}", p.name);
+                    }
+                }
+                Kind::Choice { .. } => {
+                    let mut codes = Vec::new();
+                    for word in p.allowed.split(" | ") {
+                        let s = parse(p.name, word).unwrap_or_else(|e| panic!("{e}"));
+                        assert_eq!(show(i, s.code), word, "{}", p.name);
+                        assert_eq!(parse(p.name, &word.to_uppercase()), Ok(s));
+                        codes.push(s.code);
+                    }
+                    codes.dedup();
+                    assert_eq!(codes.len(), p.allowed.split(" | ").count(), "{}", p.name);
+                    assert!(validate(p.name, "neither").is_err());
+                }
+            }
+        }
+        for &(below, above) in ORDERED {
+            for name in [below, above] {
+                assert!(matches!(DEFS[index(name)].kind, Kind::Range(..)), "{name}");
+            }
+            assert!(default_code(index(below)) < default_code(index(above)));
+        }
+        let t = Tunables::default();
+        for (i, p) in PARAMS.iter().enumerate() {
+            assert_eq!(
+                show(i, t.get(i)),
+                p.default,
+                "{}: starts at its default",
+                p.name
+            );
+        }
+    }
 
     #[test]
     fn every_default_is_valid_and_applied() {

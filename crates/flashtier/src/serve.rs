@@ -2,11 +2,12 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
-use flashtier_control::config::{self, Config};
+use flashtier_control::config::{self, Config, OptValue, ServeConfig};
 use flashtier_control::{
     ControlError, ControlPlane, ControlPlaneOptions, Controller, ControllerOptions, DetachOptions,
     PersistFn, Switchable, Timed,
@@ -41,132 +42,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// Backing store: a file, a block device, or an NBD URI such as nbd://host:10809/export or
-    /// nbd+unix:///export?socket=/path. Required, here or in the config file.
-    #[arg(long, value_name = "PATH|NBD-URI")]
-    pub backing: Option<String>,
-
-    /// Cache file or device, prepared with `flashtier format` for this backing store. Without
-    /// it, the backing store is served as is (pass-through) until `flashtier attach --cache`
-    /// adds one.
-    #[arg(long, value_name = "FILE|DEVICE")]
-    pub cache: Option<String>,
-
-    /// Cache mode: writeback (writes land in the cache and are written back later),
-    /// writethrough (writes go to both before they are acknowledged), writearound (writes go to
-    /// the backing store; reads are cached) or passthrough (the cache is bypassed). Leaving
-    /// write-back writes all dirty blocks back first. Needs a cache. [default: the mode the
-    /// cache was formatted or last served with]
-    #[arg(long)]
-    pub mode: Option<Mode>,
-
-    /// Where clients connect: a unix socket path (created mode 0600), or HOST:PORT for TCP.
-    /// `:PORT` listens on loopback only; name an address (e.g. 0.0.0.0:10809) to listen beyond
-    /// this machine. [default: /run/flashtier/nbd.sock as root, else
-    /// $XDG_RUNTIME_DIR/flashtier/nbd.sock]
-    #[arg(long, value_name = "SOCKET|HOST:PORT")]
-    pub listen: Option<String>,
-
-    /// TLS (NBD's STARTTLS): off, on (clients may upgrade) or require (nothing but STARTTLS is
-    /// answered before TLS runs: every client must authenticate). Needs --tls-certificates or
-    /// --tls-psk. Use require whenever --listen names an address other machines can reach.
-    /// [default: off]
-    #[arg(long, value_name = "off|on|require")]
-    pub tls: Option<TlsMode>,
-
-    /// X.509 credentials for TLS: a directory with server-cert.pem and server-key.pem (and
-    /// ca-cert.pem for --tls-verify-peer), as nbdkit's --tls-certificates and qemu's
-    /// tls-creds-x509 use. Clients connect with e.g.
-    /// `nbdinfo 'nbds://HOST:PORT/?tls-certificates=DIR'` (DIR holding the CA's ca-cert.pem).
-    #[arg(long, value_name = "DIR")]
-    pub tls_certificates: Option<PathBuf>,
-
-    /// Pre-shared keys for TLS: a file of `username:hexkey` lines (as nbdkit's --tls-psk and
-    /// qemu's keys.psk; e.g. `alice:$(openssl rand -hex 32)`), mode 0600. Clients connect with
-    /// e.g. `nbdinfo 'nbds://alice@HOST:PORT/?tls-psk-file=FILE'`.
-    #[arg(long, value_name = "FILE")]
-    pub tls_psk: Option<PathBuf>,
-
-    /// With --tls-certificates: require a client certificate signed by DIR/ca-cert.pem.
-    #[arg(long)]
-    pub tls_verify_peer: bool,
-
-    /// Name of the export. Clients asking for the empty (default) name get it too.
-    /// [default: flashtier]
-    #[arg(long)]
-    pub export_name: Option<String>,
-
-    /// Serve read-only: writes, trims and zeroing fail with EPERM.
-    #[arg(long)]
-    pub read_only: bool,
-
-    /// Open a backing file or block device with O_DIRECT, bypassing the kernel page cache.
-    #[arg(long)]
-    pub direct: bool,
-
-    /// Requests executed at once per connection. [default: 16]
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=config::MAX_THREADS as i64))]
-    pub threads: Option<u32>,
-
-    /// Most client connections served at once. When all are taken, a new client gets the slot
-    /// of one that is still in its handshake after 1 s, connected but unused for 1 s, not
-    /// reading its replies for 2 s, or idle for 10 s (in that order, longest first); with none
-    /// of those it is refused. [default: 256]
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=config::MAX_CONNECTIONS as i64))]
-    pub max_connections: Option<u32>,
-
-    /// Seconds a client has to finish the handshake (the TLS handshake included), counted from
-    /// when it connected, however slowly it sends. [default: 10]
-    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u32).range(1..=3600))]
-    pub handshake_timeout: Option<u32>,
-
-    /// MiB of request payload (READ replies, WRITE data) held at once for all clients together.
-    /// When it is spent, connections stop reading requests until replies drain, and a client
-    /// that has not read its replies for 2 s is disconnected to make room. [default: 1024]
-    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u32).range(1..=config::MAX_REQUEST_MEMORY_MIB as i64))]
-    pub request_memory_mib: Option<u32>,
-
-    /// MiB of request payload one connection may hold; a client that does not read its replies
-    /// stops being read from once they fill it. A single larger request is still served alone.
-    /// [default: 64]
-    #[arg(long, value_name = "MIB", value_parser = clap::value_parser!(u32).range(1..=config::MAX_REQUEST_MEMORY_MIB as i64))]
-    pub request_memory_per_connection_mib: Option<u32>,
-
-    /// Worker threads shared by all connections, beyond each connection's own thread (which
-    /// is all an idle connection has). Extra threads start as requests arrive and stop after
-    /// 5 s without work. [default: 512]
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..=config::MAX_WORKER_POOL as i64))]
-    pub worker_pool: Option<u32>,
-
-    /// On SIGINT/SIGTERM, seconds to wait for clients to collect the replies to requests already
-    /// executed before closing their connections anyway (a client that stopped reading would
-    /// otherwise hold the shutdown forever). [default: 30]
-    #[arg(long, value_name = "SECS")]
-    pub shutdown_grace: Option<u64>,
-
-    /// The control API's unix socket (created mode 0600), used by `flashtier status`, `stats`,
-    /// `get`, `set`, `mode` and `reset-stats` (their --control option).
-    /// [default: control.sock in the run directory]
-    #[arg(long, value_name = "SOCKET")]
-    pub control_socket: Option<PathBuf>,
-
-    /// Serve Prometheus metrics (GET /metrics, text format 0.0.4) over HTTP on HOST:PORT;
-    /// `:PORT` listens on loopback only. [default: off]
-    #[arg(long, value_name = "HOST:PORT")]
-    pub metrics_listen: Option<String>,
-
-    /// The stats file, rewritten every second: one `name value` line per counter and figure,
-    /// and PATH.json beside it with `flashtier stats --json`'s report. Removed on exit.
-    /// [default: stats in the run directory, e.g. /run/flashtier/stats and
-    /// /run/flashtier/stats.json as root]
-    #[arg(long, value_name = "PATH")]
-    pub stats_file: Option<PathBuf>,
-
-    /// The cache device's rated endurance in terabytes written (TBW, from its data sheet), for
-    /// the wear forecast in `flashtier stats`: days until the device reaches it at the recent
-    /// write rate. [default: none, no forecast]
-    #[arg(long, value_name = "TB", value_parser = parse_tbw)]
-    pub endurance_tbw: Option<f64>,
+    /// The options of `[serve]`, one flag per key of `config::SERVE_KEYS`.
+    #[command(flatten)]
+    pub options: ServeOptions,
 
     /// Set a live parameter when the cache opens, e.g. `--set sequential_cutoff_read_kib=0`;
     /// repeatable, and it overrides the config file's [policy]. Parameters, their defaults and
@@ -199,13 +77,6 @@ fn parse_param_setting(s: &str) -> Result<(String, String), String> {
     let (name, value) = (name.trim(), value.trim());
     flashtier_engine::tunables::validate(name, value).map_err(|e| e.to_string())?;
     Ok((name.to_string(), value.to_string()))
-}
-
-fn parse_tbw(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
-        _ => Err(format!("'{s}' is not a positive number of terabytes")),
-    }
 }
 
 /// The options in force: the command line over the config file over the defaults.
@@ -241,12 +112,19 @@ impl Settings {
     fn new(args: ServeArgs) -> anyhow::Result<Settings> {
         let config = args.config.as_deref().map(config::load).transpose()?;
         let file = config.as_ref().map(|c| c.serve.clone()).unwrap_or_default();
-        let mode = match (args.mode, &file.mode) {
-            (Some(m), _) => Some(m),
-            (None, Some(m)) => Some(m.parse().map_err(|e: String| anyhow::anyhow!(e))?),
-            (None, None) => None,
-        };
-        let cache = args.cache.or(file.cache);
+        let given = file.overridden_by(&args.options.0);
+        // Whether a path was given (a default in use is skipped, a given one is not) is known
+        // only before the defaults fill in.
+        let (control_socket_given, stats_file_given) =
+            (given.control_socket.is_some(), given.stats_file.is_some());
+        let o = given.with_defaults();
+        let mode = o
+            .mode
+            .as_deref()
+            .map(Mode::from_str)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!(e))?;
+        let cache = o.cache;
         if mode.is_some() && cache.is_none() {
             anyhow::bail!("--mode needs a cache (--cache, or `cache` in the config file)");
         }
@@ -282,68 +160,98 @@ impl Settings {
             )
         })?;
         let run_dir = default_run_dir();
-        let given = |p: Option<PathBuf>, default: &str| match p {
-            Some(p) => (p, true),
+        let path = |p: Option<String>, given: bool, default: &str| match p {
+            Some(p) => (PathBuf::from(p), given),
             None => (run_dir.join(default), false),
         };
         Ok(Settings {
-            backing: args.backing.or(file.backing).ok_or_else(|| {
+            backing: o.backing.ok_or_else(|| {
                 anyhow::anyhow!(
                     "no backing store: give --backing (or `backing` in [serve] of --config)"
                 )
             })?,
             cache,
             mode,
-            listen: args.listen.or(file.listen),
+            listen: o.listen,
             tls: ServerTlsOptions {
-                mode: match (args.tls, &file.tls) {
-                    (Some(m), _) => m,
-                    (None, Some(m)) => m.parse().map_err(|e: String| anyhow::anyhow!(e))?,
-                    (None, None) => TlsMode::Off,
-                },
-                certificates: args
-                    .tls_certificates
-                    .or(file.tls_certificates.map(PathBuf::from)),
-                psk: args.tls_psk.or(file.tls_psk.map(PathBuf::from)),
-                verify_peer: args.tls_verify_peer || file.tls_verify_peer.unwrap_or(false),
+                mode: defaulted(o.tls)
+                    .parse()
+                    .map_err(|e: String| anyhow::anyhow!(e))?,
+                certificates: o.tls_certificates.map(PathBuf::from),
+                psk: o.tls_psk.map(PathBuf::from),
+                verify_peer: defaulted(o.tls_verify_peer),
             },
-            export_name: args
-                .export_name
-                .or(file.export_name)
-                .unwrap_or_else(|| "flashtier".into()),
-            read_only: args.read_only || file.read_only.unwrap_or(false),
-            direct: args.direct || file.direct.unwrap_or(false),
-            threads: args.threads.or(file.threads).unwrap_or(16),
-            max_connections: args.max_connections.or(file.max_connections).unwrap_or(256),
-            handshake_timeout: args
-                .handshake_timeout
-                .or(file.handshake_timeout)
-                .unwrap_or(10),
-            request_memory_mib: args
-                .request_memory_mib
-                .or(file.request_memory_mib)
-                .unwrap_or(1024),
-            request_memory_per_connection_mib: args
-                .request_memory_per_connection_mib
-                .or(file.request_memory_per_connection_mib)
-                .unwrap_or(64),
-            worker_pool: args.worker_pool.or(file.worker_pool).unwrap_or(512),
-            shutdown_grace: args.shutdown_grace.or(file.shutdown_grace).unwrap_or(30),
-            control_socket: given(
-                args.control_socket
-                    .or(file.control_socket.map(PathBuf::from)),
-                "control.sock",
-            ),
-            metrics_listen: args.metrics_listen.or(file.metrics_listen),
-            stats_file: given(
-                args.stats_file.or(file.stats_file.map(PathBuf::from)),
-                "stats",
-            ),
-            endurance_tbw: args.endurance_tbw.or(file.endurance_tbw),
+            export_name: defaulted(o.export_name),
+            read_only: defaulted(o.read_only),
+            direct: defaulted(o.direct),
+            threads: defaulted(o.threads),
+            max_connections: defaulted(o.max_connections),
+            handshake_timeout: defaulted(o.handshake_timeout),
+            request_memory_mib: defaulted(o.request_memory_mib),
+            request_memory_per_connection_mib: defaulted(o.request_memory_per_connection_mib),
+            worker_pool: defaulted(o.worker_pool),
+            shutdown_grace: defaulted(o.shutdown_grace),
+            control_socket: path(o.control_socket, control_socket_given, "control.sock"),
+            metrics_listen: o.metrics_listen,
+            stats_file: path(o.stats_file, stats_file_given, "stats"),
+            endurance_tbw: o.endurance_tbw,
             policy,
             config,
             adopt,
         })
+    }
+}
+
+/// The value of an option that has a default, after `ServeConfig::with_defaults`.
+fn defaulted<T>(value: Option<T>) -> T {
+    value.expect("an option with a default has a value once the defaults are in")
+}
+
+/// The `[serve]` options on the command line: one flag per entry of `config::SERVE_KEYS`, with
+/// its documentation and checks, so the flags and the config file cannot drift apart. A flag
+/// not given is `None`, and the config file or the default applies.
+#[derive(Debug, Clone, Default)]
+pub struct ServeOptions(pub ServeConfig);
+
+impl clap::FromArgMatches for ServeOptions {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let mut options = ServeOptions::default();
+        options.update_from_arg_matches(matches)?;
+        Ok(options)
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        for k in config::SERVE_KEYS {
+            let value = match k.kind {
+                // A flag only ever says "on": without it the config file's value applies.
+                config::Kind::Flag => matches.get_flag(k.name).then_some(OptValue::Flag(true)),
+                _ => matches.get_one::<OptValue>(k.name).cloned(),
+            };
+            if let Some(v) = value {
+                k.set(&mut self.0, v);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Args for ServeOptions {
+    fn augment_args(mut cmd: clap::Command) -> clap::Command {
+        for k in config::SERVE_KEYS {
+            let arg = clap::Arg::new(k.name).long(k.flag()).help(k.help_doc());
+            let arg = match k.kind {
+                config::Kind::Flag => arg.action(clap::ArgAction::SetTrue),
+                _ => arg
+                    .value_name(k.value_name)
+                    .value_parser(move |s: &str| k.parse_arg(s)),
+            };
+            cmd = cmd.arg(arg);
+        }
+        cmd
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
     }
 }
 
@@ -651,4 +559,82 @@ fn install_signal_handlers(handle: ShutdownHandle) -> anyhow::Result<()> {
         })
         .context("cannot spawn signal thread")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::*;
+    use crate::{Cli, Command};
+
+    fn serve(args: &[&str]) -> Result<ServeArgs, clap::Error> {
+        let argv = ["flashtier", "serve"].iter().chain(args);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Serve(a) => Ok(*a),
+            _ => unreachable!(),
+        }
+    }
+
+    /// Every `[serve]` key is a `serve` flag with the key's documentation and checks, and
+    /// every value the config file takes means the same on the command line.
+    #[test]
+    fn every_serve_key_is_a_flag_with_its_doc_and_checks() {
+        Cli::command().debug_assert();
+        let cmd = Cli::command();
+        let sub = cmd.find_subcommand("serve").unwrap();
+        let mut argv = Vec::new();
+        let mut file = String::from("[serve]\n");
+        for k in config::SERVE_KEYS {
+            let arg = sub
+                .get_arguments()
+                .find(|a| a.get_id() == k.name)
+                .unwrap_or_else(|| panic!("no flag for {}", k.name));
+            assert_eq!(arg.get_long(), Some(k.flag().as_str()));
+            assert_eq!(arg.get_help().unwrap().to_string(), k.help_doc());
+            assert!(k.help_doc().starts_with(k.doc.split('{').next().unwrap()));
+            let value = match k.example {
+                config::Example::Set(v) | config::Example::Commented(v) => v,
+                config::Example::Default => k.default,
+            };
+            let v = config::parse(
+                std::path::Path::new("f.toml"),
+                &format!("[serve]\n{} = {value}\n", k.name),
+            )
+            .map(|c| k.get(&c.serve).unwrap())
+            .unwrap();
+            if v == OptValue::Flag(false) {
+                continue;
+            }
+            file.push_str(&format!("{} = {}\n", k.name, v.to_toml()));
+            argv.push(format!("--{}", k.flag()));
+            if !matches!(k.kind, config::Kind::Flag) {
+                argv.push(v.plain());
+            }
+        }
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let given = serve(&argv).unwrap().options.0;
+        let from_file = config::parse(std::path::Path::new("f.toml"), &file)
+            .unwrap()
+            .serve;
+        assert_eq!(given, from_file);
+        // Not given is None (the file or the default applies); bad values are refused with
+        // what is allowed.
+        assert_eq!(serve(&[]).unwrap().options.0, ServeConfig::default());
+        for (flag, value, says) in [
+            ("--threads", "0", "1..=1024"),
+            ("--mode", "fast", "writethrough"),
+            ("--tls", "maybe", "off | on | require"),
+            ("--endurance-tbw", "0", "> 0"),
+            ("--metrics-listen", "localhost", "[HOST]:PORT"),
+            ("--cache", "", "non-empty"),
+        ] {
+            let e = serve(&[flag, value]).unwrap_err().to_string();
+            assert!(e.contains(says) && e.contains(flag), "{e}");
+        }
+        assert_eq!(
+            serve(&["--mode", "WT"]).unwrap().options.0.mode.as_deref(),
+            Some("writethrough")
+        );
+    }
 }
