@@ -453,3 +453,13 @@ pub(crate) fn mark_clean(e: &Engine) -> std::io::Result<()> {
     sb.reclaim = e.reclaim_policy();
     recover::write_superblock(&*e.cache, &sb)
 }
+
+impl crate::tunables::EngineState for Engine {
+    fn reclaim_policy(&self) -> ReclaimPolicy {
+        Engine::reclaim_policy(self)
+    }
+
+    fn set_reclaim_policy(&self, policy: ReclaimPolicy) {
+        Engine::set_reclaim_policy(self, policy)
+    }
+}

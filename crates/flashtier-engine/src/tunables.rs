@@ -5,11 +5,11 @@
 //! values and how its values are parsed and stored. Everything else is derived from that entry:
 //! [`PARAMS`] (which `flashtier get --all`, `set --help`, the config file and its example show),
 //! parsing and range checks, the stored value and the defaults a cache starts with, and
-//! [`Cache::get_param`]. Adding a parameter is adding an entry (and, if the I/O paths read it,
+//! [`Cache::get_param`](crate::Cache::get_param). Adding a parameter is adding an entry (and, if the I/O paths read it,
 //! an accessor on `Tunables`).
 //!
 //! The control API, the config file and `flashtier config check` all go through [`PARAMS`],
-//! [`validate`], [`validate_all`] and [`Cache::set_params`], so a value is checked the same way
+//! [`validate`], [`validate_all`] and [`Cache::set_params`](crate::Cache::set_params), so a value is checked the same way
 //! wherever it comes from, and an error always names what is allowed.
 //!
 //! Some parameters constrain each other ([`ORDERED`]: the low write-back watermark must stay
@@ -21,14 +21,13 @@
 //! on every request: a change applies to the next request, with no detach and no restart.
 //!
 //! The cache mode is not here: switching it may write back every dirty block first, which is a
-//! long operation with progress, not a setting (see [`Cache::set_mode`]).
+//! long operation with progress, not a setting (see [`Cache::set_mode`](crate::Cache::set_mode)).
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use parking_lot::Mutex;
 
-use crate::cache::Cache;
 use crate::policy::{PromotionPolicy, ReclaimPolicy};
 
 /// What an operator needs to know about one parameter.
@@ -67,7 +66,16 @@ struct Param {
 }
 
 /// Reads and writes a value kept by the engine.
-type EngineValue = (fn(&Cache) -> u32, fn(&Cache, u32));
+type EngineValue = (fn(&dyn EngineState) -> u32, fn(&dyn EngineState, u32));
+
+/// The values the engine keeps itself rather than here (implemented by `Engine`): a narrow
+/// handle, so that this module needs neither the engine nor the cache.
+pub(crate) trait EngineState {
+    /// Which segment reclaim empties first.
+    fn reclaim_policy(&self) -> ReclaimPolicy;
+    /// Sets it.
+    fn set_reclaim_policy(&self, policy: ReclaimPolicy);
+}
 
 /// A parameter whose values are words: a type with a code per word.
 trait Choice: FromStr + Copy {
@@ -325,12 +333,12 @@ const DEFS: &[Param] = &[
     },
 ];
 
-fn engine_reclaim_policy(cache: &Cache) -> u32 {
-    cache.engine().reclaim_policy().code()
+fn engine_reclaim_policy(engine: &dyn EngineState) -> u32 {
+    engine.reclaim_policy().code()
 }
 
-fn set_engine_reclaim_policy(cache: &Cache, code: u32) {
-    cache.set_reclaim_policy(ReclaimPolicy::from_code(code).unwrap_or_default());
+fn set_engine_reclaim_policy(engine: &dyn EngineState, code: u32) {
+    engine.set_reclaim_policy(ReclaimPolicy::from_code(code).unwrap_or_default());
 }
 
 const COUNT: usize = DEFS.len();
@@ -595,7 +603,7 @@ impl Tunables {
     }
 
     /// The low watermark in effect: below the high one even when read halfway through a
-    /// change of both (each is its own atomic; [`Cache::set_params`] keeps the stored pair
+    /// change of both (each is its own atomic; [`Cache::set_params`](crate::Cache::set_params) keeps the stored pair
     /// ordered).
     pub fn writeback_low_pct(&self) -> u32 {
         let high = self.writeback_high_pct();
@@ -639,73 +647,72 @@ fn kib_to_bytes(kib: u32) -> Option<u64> {
     (kib > 0).then_some(kib as u64 * 1024)
 }
 
-impl Cache {
+/// Reading and changing the values in force, for `Cache`'s `get_param`, `set_params`,
+/// `check_params` and `params`. `engine` keeps the values that are its own.
+impl Tunables {
     /// The current value of `name`, formatted as `set_param` accepts it.
-    pub fn get_param(&self, name: &str) -> Result<String, ParamError> {
+    pub(crate) fn value_of(
+        &self,
+        engine: &dyn EngineState,
+        name: &str,
+    ) -> Result<String, ParamError> {
         let i = position(name)?;
-        Ok(show(i, self.param_code(i)))
+        Ok(show(i, self.code_of(engine, i)))
     }
 
     /// The stored form of parameter `i` as set (the low watermark as stored, not as in effect).
-    fn param_code(&self, i: usize) -> u32 {
+    fn code_of(&self, engine: &dyn EngineState, i: usize) -> u32 {
         match DEFS[i].engine {
-            Some((get, _)) => get(self),
-            None => self.engine().tunables.get(i),
+            Some((get, _)) => get(engine),
+            None => self.get(i),
         }
     }
 
-    /// Checks and applies `value` to `name`; it takes effect from the next request.
-    pub fn set_param(&self, name: &str, value: &str) -> Result<(), ParamError> {
-        self.set_params(&[(name, value)])
-    }
-
     /// Checks `settings` (later entries win) against each other and the current values, and
-    /// applies all of them or none.
-    pub fn set_params<N: AsRef<str>, V: AsRef<str>>(
+    /// applies all of them or none. Returns the names changed.
+    pub(crate) fn set_all<N: AsRef<str>, V: AsRef<str>>(
         &self,
+        engine: &dyn EngineState,
         settings: &[(N, V)],
-    ) -> Result<(), ParamError> {
-        let t = &self.engine().tunables;
-        let _changing = t.changing.lock();
-        let parsed = self.check(settings)?;
+    ) -> Result<Vec<&'static str>, ParamError> {
+        let _changing = self.changing.lock();
+        let parsed = self.parse_checked(engine, settings)?;
         for s in &parsed {
             match DEFS[s.index].engine {
-                Some((_, set)) => set(self, s.code),
-                None => t.apply(*s),
+                Some((_, set)) => set(engine, s.code),
+                None => self.apply(*s),
             }
             let (name, value) = (s.name(), show(s.index, s.code));
             tracing::info!(name, value, "parameter changed");
         }
-        if parsed.iter().any(|s| s.name().starts_with("writeback_")) {
-            // The cleaner re-plans at once (a new target, rate or watermark).
-            self.engine().wake_writeback();
-        }
-        Ok(())
+        Ok(parsed.iter().map(|s| s.name()).collect())
     }
 
-    /// What [`Cache::set_params`] would say, without changing anything.
-    pub fn check_params<N: AsRef<str>, V: AsRef<str>>(
+    /// What [`Tunables::set_all`] would say, without changing anything.
+    pub(crate) fn check_all<N: AsRef<str>, V: AsRef<str>>(
         &self,
+        engine: &dyn EngineState,
         settings: &[(N, V)],
     ) -> Result<(), ParamError> {
-        self.check(settings).map(drop)
+        self.parse_checked(engine, settings).map(drop)
     }
 
-    fn check<N: AsRef<str>, V: AsRef<str>>(
+    fn parse_checked<N: AsRef<str>, V: AsRef<str>>(
         &self,
+        engine: &dyn EngineState,
         settings: &[(N, V)],
     ) -> Result<Vec<Setting>, ParamError> {
         let parsed = parse_all(settings)?;
-        check_order(&parsed, |i| self.param_code(i), "the current value")?;
+        check_order(&parsed, |i| self.code_of(engine, i), "the current value")?;
         Ok(parsed)
     }
 
     /// Every parameter with its current value.
-    pub fn params(&self) -> Vec<(&'static ParamInfo, String)> {
+    pub(crate) fn values(&self, engine: &dyn EngineState) -> Vec<(&'static ParamInfo, String)> {
         PARAMS
             .iter()
             .enumerate()
-            .map(|(i, p)| (p, show(i, self.param_code(i))))
+            .map(|(i, p)| (p, show(i, self.code_of(engine, i))))
             .collect()
     }
 }

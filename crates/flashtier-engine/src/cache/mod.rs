@@ -23,6 +23,7 @@
 //! ([`crate::policy::admission`]) are decided in `plan` and `read`; prefetch promotes regardless
 //! of both.
 
+mod params;
 mod pass_through;
 mod plan;
 mod read;
