@@ -52,7 +52,6 @@ mod layout;
 mod log;
 mod lost;
 mod policy;
-mod range_lock;
 mod reclaim;
 mod recover;
 mod scan;
