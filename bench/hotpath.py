@@ -294,7 +294,8 @@ def main():
         f"{args.cache_mib} MiB each, side by side on {machine.get('disk', '?')}; flashtier's backing file in "
         f"{args.backing_dir}. Server CPU µs/IO = the server's utime+stime (/proc/PID/stat, all threads) during "
         "the job ÷ the I/Os fio did (background work included). Write+flush lines: IOPS = commits per second, "
-        "latency = the write's, then the FLUSH's (fdatasync's) p50/p99.",
+        "server CPU per commit (a write and its FLUSH), latency = the write's, then the FLUSH's (fdatasync's) "
+        "p50/p99.",
         "",
         "| line | IOPS | p50 µs | p99 µs | server CPU µs/IO | flush p50 µs | flush p99 µs |",
         "|---|---:|---:|---:|---:|---:|---:|",
