@@ -1,0 +1,353 @@
+#!/usr/bin/env python3
+"""The hot path against its ceilings: how far flashtier's 4K read hits, write-back writes and
+write+FLUSH commits are from the NBD protocol's own speed and from the device's (issue 11,
+item 5: "a hot path at the device's speed, without allocation").
+
+One fio job per line, one after the other in one run, all with fio's nbd engine (libnbd, one
+connection) or io_uring on a local file; 4K, QD32 (QD1 for the commits), time-based (--seconds,
+default 20 s; --quick 5 s), no ramp, so the I/Os fio reports are all the I/Os the server saw:
+
+  NBD ceiling     `nbdkit memory`: random writes, then random reads (of the written data): what
+                  one NBD connection does when the server does nothing
+  raw file        fio --ioengine=io_uring --direct=1, random reads and random writes on a file the
+                  size of the cache file, on the same filesystem: what the cache device does
+  flashtier       write-back cache (cache file on the disk, backing file in --backing-dir, RAM by
+                  default): random reads of a working set warmed into the cache beforehand (the
+                  server's read_hit_blocks / read_miss_blocks counters prove every read hit), then
+                  random writes over the same working set
+  nbdkit file     `nbdkit file FILE cache=none` (page cache dropped after each request): random
+                  writes to a file of the working set's size on the same filesystem
+  nbdkit cache    `nbdkit --filter=cache file FILE cache=writeback cache-min-block-size=4K`: the
+                  cache filter in write-back mode, its cache a temporary file in the page cache
+  commit (QD1)    4K random write + FLUSH, one at a time (fio --fsync=1 over NBD, a FLUSH after
+                  every write) through flashtier, `nbdkit file cache=none`, and on the raw file
+                  (io_uring O_DIRECT + fdatasync after every write, --fdatasync=1)
+
+Server CPU per I/O: utime+stime of the server process (/proc/PID/stat, all threads) before and
+after the fio job, divided by the I/Os fio did. It includes whatever the server does in the
+background meanwhile (flashtier: log writer, reclaim, write-back of dirty blocks to the backing
+file), which is part of what an I/O costs.
+
+Ratios (IOPS): flashtier read hits / raw file random reads; flashtier write-back writes / nbdkit
+cache filter writes; flashtier QD1 write+flush / raw file write+fdatasync.
+
+The machine is shared: the load average at the start and the end is recorded, and the results
+say so when it was above 2. This is one pass, not interleaved rounds: a line's figure may be off
+by the noise of its seconds.
+
+Writes bench/results/hotpath.{md,json} (with --quick: /tmp/flashtier-bench-quick).
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import benchlib as bl
+
+QD = 32
+
+
+def fio_job(target, rw, iodepth, seconds, size, extra=()):
+    """One time-based fio job without ramp: IOPS, p50/p99/mean latency of the dominant direction,
+    I/Os done, and (with --fsync/--fdatasync) the sync side's latency."""
+    argv = ["fio", "--name=hotpath", *target, f"--rw={rw}", "--bs=4k", f"--iodepth={iodepth}", "--numjobs=1",
+            f"--size={size}", "--time_based", f"--runtime={seconds}", "--output-format=json", *extra]
+    out = subprocess.run([str(a) for a in argv], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"fio failed: {' '.join(map(str, argv))}\n{out.stderr}")
+    doc = json.loads(out.stdout[out.stdout.index("{"):])
+    job = doc["jobs"][0]
+    side = job["read"] if job["read"]["total_ios"] >= job["write"]["total_ios"] else job["write"]
+    pct = side["clat_ns"].get("percentile", {})
+    res = {
+        "argv": " ".join(map(str, argv)),
+        "iops": side["iops"],
+        "ios": job["read"]["total_ios"] + job["write"]["total_ios"],
+        "lat_p50_us": pct.get("50.000000", 0) / 1000,
+        "lat_p99_us": pct.get("99.000000", 0) / 1000,
+        "lat_mean_us": side["clat_ns"]["mean"] / 1000,
+        "fio_cpu_pct": job.get("usr_cpu", 0) + job.get("sys_cpu", 0),
+    }
+    sync = job.get("sync", {}).get("lat_ns")
+    if sync and sync.get("N"):
+        sp = sync.get("percentile", {})
+        res["sync"] = {"n": sync["N"], "lat_p50_us": sp.get("50.000000", 0) / 1000,
+                       "lat_p99_us": sp.get("99.000000", 0) / 1000, "lat_mean_us": sync["mean"] / 1000}
+    return res
+
+
+def on_server(server, target, rw, iodepth, seconds, size, extra=()):
+    """fio_job with the server's CPU time per I/O (`cpu_us_per_io`)."""
+    cpu0 = server.cpu_seconds()
+    m = fio_job(target, rw, iodepth, seconds, size, extra)
+    cpu = server.cpu_seconds() - cpu0
+    m["server_cpu_s"] = cpu
+    m["cpu_us_per_io"] = cpu * 1e6 / m["ios"] if m["ios"] else float("nan")
+    return m
+
+
+def nbdkit(name, argv_tail, work: Path, extra=(), env=None):
+    sock = work / f"hotpath-{name}.sock"
+    argv = ["nbdkit", "-f", "--exit-with-parent", "-U", str(sock), *extra, *argv_tail]
+    return bl.Server(f"nbdkit-{name}", argv, sock, f"nbd+unix:///?socket={sock}", work / f"hotpath-{name}.log",
+                     env=env)
+
+
+def hit_counters(binary, control):
+    c = bl.flashtier_report(binary, control)["counters"]
+    return c.get("read_hit_blocks", 0), c.get("read_miss_blocks", 0)
+
+
+ALLOC_TEST = ["cargo", "test", "--locked", "-q", "-p", "flashtier-engine", "--test", "hot_path_allocations", "--",
+              "--nocapture"]
+
+
+def allocation_figures():
+    """Heap allocations per 4K read hit and per write-back write (the engine's counting-allocator
+    test, crates/flashtier-engine/tests/hot_path_allocations.rs, run with cargo into
+    $CARGO_TARGET_DIR): {"read_hit": (calling thread, all threads), "write_back_write": (...),
+    "output": ...}, or None when it cannot run."""
+    try:
+        out = subprocess.run(ALLOC_TEST, cwd=bl.REPO, capture_output=True, text=True, timeout=1800)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print(f"warning: the allocation test did not run: {e}", flush=True)
+        return None
+    text = out.stdout + out.stderr
+    figs = {"command": " ".join(ALLOC_TEST), "passed": out.returncode == 0,
+            "output": [ln for ln in text.splitlines() if "allocations" in ln or "calling thread" in ln]}
+    for key, label in (("read_hit", "read hit:"), ("write_back_write", "write-back write:")):
+        m = re.search(re.escape(label) + r"\s+([\d.]+) on the calling thread, ([\d.]+) on all threads", text)
+        figs[key] = (float(m.group(1)), float(m.group(2))) if m else None
+    if figs["read_hit"] is None:
+        print(f"warning: no figures from the allocation test:\n{text[-2000:]}", flush=True)
+        return None
+    return figs
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=int, default=20, help="seconds per fio job (default 20; --quick: 5)")
+    ap.add_argument("--working-set-mib", type=int, default=1024,
+                    help="the exports' size, read and written at random (default 1024)")
+    ap.add_argument("--cache-mib", type=int, default=2048,
+                    help="flashtier's cache file, and the raw file of the same size (default 2048)")
+    ap.add_argument("--backing-dir", default="/dev/shm/flashtier-bench",
+                    help="where flashtier's backing file lives (default /dev/shm/flashtier-bench: fast, so "
+                         "write-back of dirty blocks does not wait for a disk)")
+    ap.add_argument("--no-alloc-test", action="store_true",
+                    help="skip the engine's allocation count (run with cargo before the I/O measurements)")
+    bl.add_common_args(ap)
+    args = ap.parse_args()
+    if args.quick:
+        args.seconds = min(args.seconds, 5)
+        args.working_set_mib, args.cache_mib = 256, 512
+
+    load_start = os.getloadavg()
+    binary, work, machine = bl.setup(args, "fio", "nbdkit")
+    ws = args.working_set_mib << 20
+    cache_bytes = args.cache_mib << 20
+    bdir = Path(args.backing_dir)
+    bdir.mkdir(parents=True, exist_ok=True)
+    allocs = None
+    if not args.no_alloc_test:
+        print(f"allocation count: {' '.join(ALLOC_TEST)}", flush=True)
+        allocs = allocation_figures()
+    t_start = time.time()
+
+    raw_img = work / "hotpath-raw.img"
+    cache_img = work / "hotpath-cache.img"
+    file_img = work / "hotpath-file.img"
+    backing_img = bdir / "hotpath-backing.img"
+    bl.make_random_file(raw_img, cache_bytes)
+    bl.make_random_file(file_img, ws)
+    bl.make_random_file(backing_img, ws)  # in RAM: written in full so nothing reads as a hole
+
+    rows = []
+
+    def add(line, kind, m, peer):
+        m.update({"line": line, "kind": kind, "peer": peer})
+        rows.append(m)
+        cpu = m.get("cpu_us_per_io", float("nan"))
+        sync = m.get("sync")
+        print(f"{line:44} {m['iops']:9.0f} IOPS  p50 {m['lat_p50_us']:7.0f} us  p99 {m['lat_p99_us']:7.0f} us"
+              f"  server CPU {cpu:6.1f} us/IO"
+              + (f"  flush p50 {sync['lat_p50_us']:.0f} p99 {sync['lat_p99_us']:.0f} us" if sync else ""),
+              flush=True)
+
+    hits = None
+    fmt = None
+    closed = {}
+    try:
+        # 1. The NBD protocol's ceiling: a server that does nothing.
+        mem = nbdkit("memory", ["memory", str(ws)], work)
+        add("nbdkit memory: random writes", "randwrite",
+            on_server(mem, bl.nbd_target(mem.uri), "randwrite", QD, args.seconds, ws), "nbdkit-memory")
+        add("nbdkit memory: random reads", "randread",
+            on_server(mem, bl.nbd_target(mem.uri), "randread", QD, args.seconds, ws), "nbdkit-memory")
+        mem.stop()
+
+        # 2. The device: io_uring O_DIRECT on a file the size of the cache file.
+        add("raw file (io_uring O_DIRECT): random reads", "randread",
+            fio_job(bl.local_target(raw_img), "randread", QD, args.seconds, cache_bytes), "raw")
+        add("raw file (io_uring O_DIRECT): random writes", "randwrite",
+            fio_job(bl.local_target(raw_img), "randwrite", QD, args.seconds, cache_bytes), "raw")
+
+        # 3. flashtier write-back: read hits (warm the working set by reading it), then writes.
+        fmt = bl.flashtier_format(binary, cache_img, str(backing_img), cache_bytes)
+        control = work / "hotpath-ft.control"
+        ft = bl.flashtier_cache_serve(binary, cache_img, str(backing_img), work / "hotpath-ft.sock",
+                                      work / "hotpath-ft.log", threads=args.threads,
+                                      extra=["--control-socket", str(control)])
+        for p in range(4):
+            h0, m0 = hit_counters(binary, control)
+            bl.run_fio(bl.nbd_target(ft.uri), "read", bs="1M", iodepth=4, size=ws, time_based=False)
+            bl.flashtier_wait_promotions(binary, control)
+            h1, m1 = hit_counters(binary, control)
+            print(f"warm pass {p + 1}: {h1 - h0} hit blocks, {m1 - m0} missed blocks", flush=True)
+            if m1 == m0:
+                break
+        h0, m0 = hit_counters(binary, control)
+        m = on_server(ft, bl.nbd_target(ft.uri), "randread", QD, args.seconds, ws)
+        h1, m1 = hit_counters(binary, control)
+        hits = {"hit_blocks": h1 - h0, "miss_blocks": m1 - m0, "fio_reads": m["ios"]}
+        m["hits"] = hits
+        add("flashtier write-back: read hits", "randread", m, "flashtier")
+        if m1 != m0:
+            print(f"warning: {m1 - m0} of the measured reads missed", flush=True)
+        add("flashtier write-back: random writes", "randwrite",
+            on_server(ft, bl.nbd_target(ft.uri), "randwrite", QD, args.seconds, ws), "flashtier")
+        # 5. (flashtier's part) the database commit: 4K write + FLUSH at QD1.
+        add("flashtier write-back: write+flush QD1", "commit",
+            on_server(ft, bl.nbd_target(ft.uri), "randwrite", 1, args.seconds, ws, ["--fsync=1"]), "flashtier")
+        ft.stop()
+        closed = bl.flashtier_closed_event(ft.log_text())
+
+        # 4. nbdkit file cache=none and nbdkit's cache filter (page cache) random writes.
+        bl.evict_from_page_cache(file_img)
+        nf = nbdkit("file", ["file", str(file_img), "cache=none"], work)
+        add("nbdkit file cache=none: random writes", "randwrite",
+            on_server(nf, bl.nbd_target(nf.uri), "randwrite", QD, args.seconds, ws), "nbdkit-file")
+        add("nbdkit file cache=none: write+flush QD1", "commit",
+            on_server(nf, bl.nbd_target(nf.uri), "randwrite", 1, args.seconds, ws, ["--fsync=1"]), "nbdkit-file")
+        nf.stop()
+
+        bl.evict_from_page_cache(file_img)
+        tmp = work / "hotpath-cachefilter-tmp"
+        tmp.mkdir(exist_ok=True)
+        nc = nbdkit("cachefilter", ["file", str(file_img), "cache=writeback", "cache-min-block-size=4K"], work,
+                    extra=["--filter=cache"], env={**os.environ, "TMPDIR": str(tmp)})
+        add("nbdkit --filter=cache file: random writes", "randwrite",
+            on_server(nc, bl.nbd_target(nc.uri), "randwrite", QD, args.seconds, ws), "nbdkit-cache-filter")
+        nc.stop()
+
+        # 5. (the device's part) write + fdatasync at QD1 on the raw file.
+        add("raw file (io_uring O_DIRECT): write+fdatasync QD1", "commit",
+            fio_job(bl.local_target(raw_img), "randwrite", 1, args.seconds, cache_bytes, ["--fdatasync=1"]), "raw")
+    finally:
+        backing_img.unlink(missing_ok=True)  # it is in RAM (/dev/shm by default)
+    load_end = os.getloadavg()
+    wall = time.time() - t_start
+
+    by = {(r["peer"], r["kind"]): r for r in rows}
+
+    def ratio(a, b):
+        return by[a]["iops"] / by[b]["iops"]
+    ratios = {
+        "read_hits_vs_raw_reads": ratio(("flashtier", "randread"), ("raw", "randread")),
+        "writeback_writes_vs_nbdkit_cache_filter_writes": ratio(("flashtier", "randwrite"),
+                                                                ("nbdkit-cache-filter", "randwrite")),
+        "commit_qd1_vs_raw_fdatasync": ratio(("flashtier", "commit"), ("raw", "commit")),
+        "commit_qd1_vs_nbdkit_file": ratio(("flashtier", "commit"), ("nbdkit-file", "commit")),
+        "read_hits_vs_nbdkit_memory_reads": ratio(("flashtier", "randread"), ("nbdkit-memory", "randread")),
+        "writeback_writes_vs_nbdkit_memory_writes": ratio(("flashtier", "randwrite"),
+                                                          ("nbdkit-memory", "randwrite")),
+        "writeback_writes_vs_raw_writes": ratio(("flashtier", "randwrite"), ("raw", "randwrite")),
+    }
+    loaded = max(load_start[0], load_end[0]) > 2
+    doc = {"machine": machine, "args": vars(args), "command": bl.command_line(), "rows": rows, "ratios": ratios,
+           "loadavg_start": load_start, "loadavg_end": load_end, "loaded": loaded, "wall_s": wall,
+           "format_output": fmt, "closed": closed, "allocations_per_io": allocs}
+
+    def f0(x):
+        return "—" if x is None or x != x else f"{x:,.0f}"
+
+    def f1(x):
+        return "—" if x is None or x != x else f"{x:,.1f}"
+    lines = bl.results_header("Hot path: flashtier vs the NBD protocol's and the device's ceilings", machine,
+                              args.quick)
+    lines += [
+        f"Load average (1, 5, 15 min) at the start {' '.join(f'{x:.2f}' for x in load_start)}, at the end "
+        f"{' '.join(f'{x:.2f}' for x in load_end)}."
+        + (f" **The machine was shared and loaded during this run (load average above 2, on {os.cpu_count()} "
+           "CPUs): other jobs competed with the servers and fio for the CPUs and the disk, so these IOPS and "
+           "latencies are those of a busy machine; compare the lines of this run with each other.**"
+           if loaded else ""),
+        "",
+        f"4K I/Os, fio's nbd engine (one connection) or io_uring O_DIRECT on a local file; QD{QD} unless the line "
+        f"says QD1; {args.seconds} s per line, time-based, no ramp, one pass (not interleaved rounds). Working set "
+        f"(every export's size) {args.working_set_mib} MiB; flashtier's cache file and the raw file "
+        f"{args.cache_mib} MiB each, side by side on {machine.get('disk', '?')}; flashtier's backing file in "
+        f"{args.backing_dir}. Server CPU µs/IO = the server's utime+stime (/proc/PID/stat, all threads) during "
+        "the job ÷ the I/Os fio did (background work included). Write+flush lines: IOPS = commits per second, "
+        "server CPU per commit (a write and its FLUSH), latency = the write's, then the FLUSH's (fdatasync's) "
+        "p50/p99.",
+        "",
+        "| line | IOPS | p50 µs | p99 µs | server CPU µs/IO | flush p50 µs | flush p99 µs |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        s = r.get("sync") or {}
+        lines.append(f"| {r['line']} | {f0(r['iops'])} | {f0(r['lat_p50_us'])} | {f0(r['lat_p99_us'])} | "
+                     f"{f1(r.get('cpu_us_per_io'))} | {f0(s.get('lat_p50_us'))} | {f0(s.get('lat_p99_us'))} |")
+    lines += [
+        "",
+        "| ratio (IOPS) | measured |",
+        "|---|---:|",
+        f"| flashtier read hits ÷ raw file random reads | {ratios['read_hits_vs_raw_reads']:.2f}× |",
+        f"| flashtier write-back writes ÷ nbdkit cache filter writes | "
+        f"{ratios['writeback_writes_vs_nbdkit_cache_filter_writes']:.2f}× |",
+        f"| flashtier write+flush QD1 ÷ raw file write+fdatasync QD1 | {ratios['commit_qd1_vs_raw_fdatasync']:.2f}× |",
+        f"| flashtier write+flush QD1 ÷ nbdkit file cache=none write+flush QD1 | "
+        f"{ratios['commit_qd1_vs_nbdkit_file']:.2f}× |",
+        f"| flashtier read hits ÷ nbdkit memory reads | {ratios['read_hits_vs_nbdkit_memory_reads']:.2f}× |",
+        f"| flashtier write-back writes ÷ nbdkit memory writes | "
+        f"{ratios['writeback_writes_vs_nbdkit_memory_writes']:.2f}× |",
+        f"| flashtier write-back writes ÷ raw file random writes | {ratios['writeback_writes_vs_raw_writes']:.2f}× |",
+        "",
+    ]
+    if hits is not None:
+        lines.append(f"Read hits: during the read line the server counted {hits['hit_blocks']:,} hit blocks and "
+                     f"{hits['miss_blocks']:,} missed blocks for {hits['fio_reads']:,} fio reads "
+                     f"({'every read hit' if hits['miss_blocks'] == 0 else 'NOT every read hit'}).")
+    if closed:
+        lines.append(f"At shutdown flashtier's cache held {int(closed.get('cached_blocks', 0)):,} blocks, "
+                     f"{int(closed.get('dirty_blocks', 0)):,} dirty.")
+    lines += [""]
+    if allocs:
+        rh, ww = allocs["read_hit"], allocs["write_back_write"]
+        lines += [
+            "Heap allocations per I/O in the engine (in-memory devices, 1000 4K I/Os in steady state, counted by a "
+            f"counting global allocator; `{allocs['command']}`, "
+            f"{'passed' if allocs['passed'] else 'FAILED: above its bounds'}). The target is 0 (issue 11, item 5).",
+            "",
+            "| path | allocations/IO, calling thread | allocations/IO, all threads (log writer included) |",
+            "|---|---:|---:|",
+            f"| 4K read hit | {rh[0]:.2f} | {rh[1]:.2f} |",
+            f"| 4K write-back write | {ww[0]:.2f} | {ww[1]:.2f} |" if ww else "| 4K write-back write | ? | ? |",
+            "",
+        ]
+    else:
+        lines += ["Heap allocations per I/O: not measured (--no-alloc-test, or the test did not run).", ""]
+    lines += ["fio command of each line:", ""]
+    lines += [f"- {r['line']}: `{r['argv']}`" for r in rows]
+    lines += ["", f"Wall time of the run: {wall:.0f} s."]
+    bl.write_results(bl.results_dir(args), "hotpath", doc, lines)
+
+
+if __name__ == "__main__":
+    main()
