@@ -12,6 +12,8 @@ use crate::report::Report;
 /// A reply taking longer than this means the server is stuck; say so instead of hanging.
 const TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Why a control request did not get an answer, or got a refusal; the messages are written for
+/// the operator at the terminal.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error(
@@ -19,24 +21,38 @@ pub enum ClientError {
          socket with --control or FLASHTIER_CONTROL)",
         path.display()
     )]
+    /// Nothing accepted the connection: usually no server runs, or it uses another socket.
     Connect {
+        /// The control socket tried.
         path: PathBuf,
+        /// What `connect` reported (not found, refused, permission denied).
         #[source]
         source: io::Error,
     },
     #[error("control connection to {} failed", path.display())]
+    /// The connection broke or timed out (60 s) after it was made.
     Io {
+        /// The control socket in use.
         path: PathBuf,
+        /// The read or write error, including the timeout and an early close.
         #[source]
         source: io::Error,
     },
     #[error("unexpected answer from the server on {}: {what}", path.display())]
-    Protocol { path: PathBuf, what: String },
+    /// The server answered with something this client cannot read, e.g. another version.
+    Protocol {
+        /// The control socket in use.
+        path: PathBuf,
+        /// What was wrong with the answer.
+        what: String,
+    },
     /// The server refused the request; the message says why.
     #[error("{0}")]
     Refused(String),
 }
 
+/// One connection to a server's control socket, making one request at a time; each method is
+/// one request of [`Request`].
 pub struct Client {
     path: PathBuf,
     reader: BufReader<UnixStream>,
@@ -44,6 +60,7 @@ pub struct Client {
 }
 
 impl Client {
+    /// Connects to the control socket at `path`; replies are awaited at most 60 s each.
     pub fn connect(path: &Path) -> Result<Client, ClientError> {
         let stream = UnixStream::connect(path).map_err(|source| ClientError::Connect {
             path: path.to_path_buf(),
@@ -62,6 +79,7 @@ impl Client {
         })
     }
 
+    /// The control socket this client is connected to, for messages.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -104,6 +122,7 @@ impl Client {
         serde_json::from_value(v).map_err(|e| self.protocol(e))
     }
 
+    /// Fetches the server's current [`Report`]: everything `status` and `stats` show.
     pub fn report(&mut self) -> Result<Report, ClientError> {
         self.call_as(&Request::Report)
     }
@@ -113,6 +132,7 @@ impl Client {
         self.call(&Request::Report)
     }
 
+    /// Reads one live parameter's value, formatted as `set` would accept it.
     pub fn get(&mut self, name: &str) -> Result<String, ClientError> {
         let nv: NameValue = self.call_as(&Request::Get { name: name.into() })?;
         Ok(nv.value)
@@ -145,6 +165,7 @@ impl Client {
         Ok(set.into_iter().map(|nv| (nv.name, nv.value)).collect())
     }
 
+    /// Lists every live parameter with its value, default, range and help (`get` without a name).
     pub fn params(&mut self) -> Result<Vec<ParamRow>, ClientError> {
         self.call_as(&Request::Params)
     }
@@ -168,6 +189,7 @@ impl Client {
         self.call(&Request::FlushCancel).map(drop)
     }
 
+    /// Makes the server count statistics from now on; the engine's counters are not touched.
     pub fn reset_stats(&mut self) -> Result<(), ClientError> {
         self.call(&Request::ResetStats).map(drop)
     }

@@ -26,6 +26,7 @@ use toml_edit::{Item, Table, TableLike, Value};
 pub struct Config {
     /// The file it was read from.
     pub path: PathBuf,
+    /// The `[serve]` table: options of `flashtier serve`, each checked.
     pub serve: ServeConfig,
     /// `[policy]` in file order: (parameter name, value as `Cache::set_param` takes it).
     pub policy: Vec<(String, String)>,
@@ -35,29 +36,49 @@ pub struct Config {
 /// [`SERVE_KEYS`] says what each field means and takes.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ServeConfig {
+    /// The slow store being cached: a file, a block device or an NBD URI. Required.
     pub backing: Option<String>,
+    /// The cache file or device; none: the backing store is exported as is (pass-through).
     pub cache: Option<String>,
     /// A valid mode's canonical name (`writeback`, ...).
     pub mode: Option<String>,
+    /// Where NBD clients connect: a unix socket path, or `HOST:PORT`.
     pub listen: Option<String>,
     /// `off`, `on` or `require`.
     pub tls: Option<String>,
+    /// Directory of X.509 credentials for TLS.
     pub tls_certificates: Option<String>,
+    /// File of `username:hexkey` pre-shared keys for TLS.
     pub tls_psk: Option<String>,
+    /// With certificates: require a client certificate signed by the CA.
     pub tls_verify_peer: Option<bool>,
+    /// The NBD export's name (default `flashtier`).
     pub export_name: Option<String>,
+    /// Refuse writes, trims and zeroing; only without a cache.
     pub read_only: Option<bool>,
+    /// Open the backing store with `O_DIRECT`.
     pub direct: Option<bool>,
+    /// Requests executed at once per connection (default 16).
     pub threads: Option<u32>,
+    /// Client connections served at once (default 256).
     pub max_connections: Option<u32>,
+    /// Seconds a client has to finish the handshake (default 10).
     pub handshake_timeout: Option<u32>,
+    /// MiB of request payload held at once for all clients (default 1024).
     pub request_memory_mib: Option<u32>,
+    /// MiB of request payload one connection may hold (default 64).
     pub request_memory_per_connection_mib: Option<u32>,
+    /// Worker threads shared by all connections (default 512).
     pub worker_pool: Option<u32>,
+    /// Seconds to let clients collect their replies at shutdown (default 30).
     pub shutdown_grace: Option<u64>,
+    /// The control socket's path (default: `control.sock` in the run directory).
     pub control_socket: Option<String>,
+    /// `HOST:PORT` or `:PORT` for Prometheus metrics; none: no metrics listener.
     pub metrics_listen: Option<String>,
+    /// The stats file's path (default: `stats` in the run directory).
     pub stats_file: Option<String>,
+    /// The cache device's rated endurance in TB written, for the wear forecast.
     pub endurance_tbw: Option<f64>,
 }
 
@@ -95,9 +116,13 @@ impl ServeConfig {
 /// A `serve` option's value, checked as its key takes it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum OptValue {
+    /// For [`Kind::Text`] keys.
     Text(String),
+    /// For [`Kind::Flag`] keys.
     Flag(bool),
+    /// For [`Kind::Int`] keys.
     Int(u64),
+    /// For [`Kind::Positive`] keys.
     Number(f64),
 }
 
@@ -130,13 +155,20 @@ pub enum Kind {
     /// A string, empty or not as `empty` says; `check` (if any) gives the canonical form of a
     /// value it accepts.
     Text {
+        /// Whether the empty string is accepted.
         empty: bool,
+        /// Validates and canonicalizes a value; `None` from it refuses the value.
         check: Option<fn(&str) -> Option<String>>,
     },
     /// `true` or `false`; on the command line, a flag that sets it.
     Flag,
     /// An integer in `lo..=hi`.
-    Int { lo: u64, hi: u64 },
+    Int {
+        /// Smallest value accepted.
+        lo: u64,
+        /// Largest value accepted.
+        hi: u64,
+    },
     /// A finite number above 0.
     Positive,
 }
@@ -233,11 +265,13 @@ pub struct KeyInfo {
     /// What applies when the option is not given: with `default_is_value`, the value in TOML
     /// syntax (checked as any other); else a description.
     pub default: &'static str,
+    /// Whether `default` is a value (checked and applied) rather than prose.
     pub default_is_value: bool,
     /// The allowed values, as errors and the example file show them.
     pub allowed: &'static str,
     /// The flag's value placeholder in `--help`.
     pub value_name: &'static str,
+    /// How values are written and checked.
     pub kind: Kind,
     /// How the example file shows the key.
     pub example: Example,
@@ -248,8 +282,11 @@ pub struct KeyInfo {
 /// default commented out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Example {
+    /// The key set to this value.
     Set(&'static str),
+    /// The key with this value, commented out.
     Commented(&'static str),
+    /// The key with its default, commented out.
     Default,
 }
 
@@ -703,16 +740,28 @@ fn render_refs(doc: &str, name: impl Fn(&KeyInfo) -> String) -> String {
 /// A config file that cannot be read, parsed, validated or written.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// Reading or writing the file failed.
     #[error("cannot {action} {}: {source}", path.display())]
     Io {
+        /// The config file.
         path: PathBuf,
+        /// What was being done, e.g. `read config file`.
         action: &'static str,
+        /// The system call's error.
         source: std::io::Error,
     },
+    /// The file is not TOML.
     #[error("{}: not valid TOML: {message}", path.display())]
-    Syntax { path: PathBuf, message: String },
+    Syntax {
+        /// The config file.
+        path: PathBuf,
+        /// The parser's message, with the line and column.
+        message: String,
+    },
+    /// A key is unknown, or a value is of the wrong type or refused by its check.
     #[error("{}{}: {key}: {message}", path.display(), line.map(|l| format!(":{l}")).unwrap_or_default())]
     Invalid {
+        /// The config file.
         path: PathBuf,
         /// 1-based line of the key, where known.
         line: Option<usize>,

@@ -56,32 +56,51 @@ pub const MODES: &str = "writeback | writethrough | writearound | passthrough";
 /// Why a control request was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ControlError {
+    /// The request needs a cache and the server was started without one.
     #[error(
         "no cache: this server exports its backing store as is (pass-through), so it has no \
          parameters or modes; `flashtier attach --cache PATH` adds one (or start `flashtier \
          serve` with --cache)"
     )]
     NoCache,
+    /// The request needs a cache and it was detached.
     #[error("the cache is detached; `flashtier attach` brings it back")]
     Detached,
+    /// Detach or attach asked of a server started without [`DetachOptions`].
     #[error("this server cannot detach or attach a cache")]
     NotDetachable,
+    /// Attach asked while a cache is attached; one cache at a time.
     #[error("a cache is attached already (`flashtier detach` first)")]
     Attached,
+    /// Attach without `--cache`, and no cache was detached to bring back.
     #[error(
         "no cache was detached from this server, so there is none to bring back; name one with \
          `flashtier attach --cache PATH`"
     )]
     NothingToAttach,
+    /// The device to attach holds a cache of another backing store; refused without `--force`
+    /// because it may hold that store's only copy of some data.
     #[error(
         "{path} holds another flashtier cache (for backing store '{backing}'), not the one \
          detached from this server; it may hold dirty data no backing store has yet. To keep \
          it, serve it with its own backing store in passthrough mode first (which writes it \
          back); to format it for this backing store anyway, pass --force"
     )]
-    ForeignCache { path: String, backing: String },
+    ForeignCache {
+        /// The device, as named to attach.
+        path: String,
+        /// The backing store its superblock names.
+        backing: String,
+    },
+    /// Opening, formatting or opening as a cache the device to attach failed.
     #[error("cannot attach {path}: {cause}")]
-    Attach { path: String, cause: String },
+    Attach {
+        /// The device, as named to attach (or the detached one's description).
+        path: String,
+        /// What failed, as text so it can travel over the socket.
+        cause: String,
+    },
+    /// The engine refused a parameter: unknown name or a value out of range.
     #[error(transparent)]
     Param(#[from] ParamError),
     /// Values that constrain each other (the watermarks) would not fit together.
@@ -90,37 +109,55 @@ pub enum ControlError {
          `flashtier set writeback_dirty_high_pct 90 writeback_dirty_low_pct 80`"
     )]
     Conflict(ParamError),
+    /// `mode` was in a set of several parameters; it is a job, so it goes alone.
     #[error(
         "mode is switched on its own (`flashtier set mode M` or `flashtier mode M`), not \
              together with other parameters"
     )]
     ModeWithOthers,
+    /// Not one of [`MODES`]; holds the value given.
     #[error("invalid value '{0}' for mode: allowed {MODES}")]
     BadMode(String),
+    /// Another job (mode switch, flush, detach) is running; holds its name.
     #[error("a {0} is in progress; wait for it to finish (see `flashtier status`)")]
     Busy(String),
+    /// Flush cancel asked while no job runs.
     #[error("no flush is running")]
     NoFlush,
+    /// Flush cancel asked while another kind of job runs; holds its name.
     #[error("the {0} cannot be cancelled; only a flush can")]
     NotCancellable(String),
+    /// `--persist` asked of a server started without a config file.
     #[error(
         "--persist needs a config file, and this server was started without --config; \
          the value was not changed"
     )]
     NoConfig,
+    /// Writing the config file for `--persist` failed; the live value was left as it was.
     // The cause is part of the message: it travels to the CLI as text over the socket.
     #[error("could not write {what} to the config file (nothing was changed): {cause}")]
     Persist {
         /// `name = value`, comma-separated.
         what: String,
+        /// Why the write failed ([`PersistFn`]'s error).
         cause: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The metrics listener's address could not be parsed or bound.
     #[error(transparent)]
     Listen(#[from] flashtier_nbd::ServerError),
+    /// A scrub could not be started or cancelled.
     #[error(transparent)]
     Scrub(#[from] ScrubError),
+    /// A byte range given to `forget-lost` starts past the exported device's end.
     #[error("{what} is beyond the end of the device ({size} bytes)")]
-    OutOfRange { what: String, size: u64 },
+    OutOfRange {
+        /// The offending value, e.g. `offset 1234`.
+        what: String,
+        /// The exported device's size, in bytes.
+        size: u64,
+    },
+    /// A system call failed: binding the control socket, writing the stats file, spawning a
+    /// job's thread.
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -149,6 +186,7 @@ pub struct DetachOptions {
     pub export: Arc<Switchable>,
     /// The backing store, served directly while no cache is attached.
     pub backing: Arc<dyn BlockDev>,
+    /// The backing store's identity, recorded in the superblock of every cache attach formats.
     pub identity: BackingIdentity,
     /// Opens `attach --cache PATH`.
     pub open_device: OpenDeviceFn,
@@ -164,7 +202,10 @@ pub struct DetachOptions {
 pub struct Attached {
     /// The cache device, as it describes itself.
     pub device: String,
+    /// The mode it runs in: `attach --mode`, else the detached cache's, else `serve --mode`,
+    /// else the device's default.
     pub mode: String,
+    /// Bytes of cache space, after the device's metadata.
     pub capacity_bytes: u64,
 }
 
@@ -220,10 +261,15 @@ fn add_counters(mut counters: Counters, offset: &Counters) -> Counters {
 /// One row of `get --all`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ParamRow {
+    /// The name `get` and `set` take.
     pub name: String,
+    /// The live value, as `set` would accept it.
     pub value: String,
+    /// The value a new cache starts with.
     pub default: String,
+    /// The values accepted, e.g. a range with its unit, for errors and help.
     pub allowed: String,
+    /// What the parameter does, for the CLI to show.
     pub doc: String,
 }
 
@@ -287,6 +333,8 @@ struct Job {
     finished: Option<(Duration, Option<String>)>,
 }
 
+/// Answers every control request and builds every [`Report`]; shared (`Arc`) by the control
+/// socket, the metrics listener, the ticker and `serve`.
 pub struct Controller {
     version: String,
     dev: Arc<dyn BlockDev>,
@@ -308,6 +356,8 @@ pub struct Controller {
 }
 
 impl Controller {
+    /// A controller whose statistics start now: windows, reset baseline and latency baselines
+    /// all begin at the counters' current values.
     pub fn new(opts: ControllerOptions) -> Controller {
         let c = Controller {
             version: opts.version,
@@ -376,7 +426,9 @@ impl Controller {
         tracing::info!("statistics reset");
     }
 
-    pub fn report(&self) -> Report {
+    /// Everything an operator can see, built once from one reading of the counters so that
+    /// every view agrees.
+    pub(crate) fn report(&self) -> Report {
         let now = self.now_secs();
         let raw = self.raw_counters();
         let (total, windows) = {

@@ -60,6 +60,7 @@ impl Default for Histogram {
 }
 
 impl Histogram {
+    /// Adds one value (any unit; the callers use nanoseconds). Lock-free, safe on the I/O path.
     pub fn record(&self, v: u64) {
         self.buckets[bucket_of(v)].fetch_add(1, Ordering::Relaxed);
         self.count.fetch_add(1, Ordering::Relaxed);
@@ -87,8 +88,11 @@ impl Histogram {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HistSnapshot {
     buckets: Vec<u64>,
+    /// How many values were recorded.
     pub count: u64,
+    /// The values' total, for the mean.
     pub sum: u64,
+    /// The largest value recorded; in a difference ([`since`](Self::since)), an upper bound.
     pub max: u64,
 }
 

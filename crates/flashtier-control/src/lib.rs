@@ -41,6 +41,7 @@
 //! [`plane`] (starts and stops them together), [`config`] (the TOML config file).
 
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 mod acceptor;
 mod atomic_file;

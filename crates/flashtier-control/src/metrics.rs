@@ -20,7 +20,8 @@ const MAX_HEAD: usize = 8 << 10;
 const MAX_CONNECTIONS: usize = 16;
 const TIMEOUT: Duration = Duration::from_secs(5);
 
-pub struct MetricsServer {
+/// The Prometheus listener: an accept thread answering `GET /metrics` from the controller's report.
+pub(crate) struct MetricsServer {
     addr: SocketAddr,
     acceptor: Acceptor,
 }
@@ -66,6 +67,7 @@ impl MetricsServer {
         self.addr
     }
 
+    /// Closes the listener and waits for its accept thread to end.
     pub fn stop(&mut self) {
         self.acceptor.stop();
     }

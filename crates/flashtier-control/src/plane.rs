@@ -3,7 +3,7 @@
 //! - the control socket ([`ControlServer`]),
 //! - the ticker thread: every second it samples the counters for the windows and rewrites the
 //!   stats file (one report for both files),
-//! - the Prometheus listener ([`MetricsServer`]), if asked for.
+//! - the Prometheus listener (`MetricsServer`), if asked for.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -31,6 +31,8 @@ pub struct ControlPlaneOptions {
     pub stats_file: Option<PathBuf>,
 }
 
+/// The running control plane; [`stop`](Self::stop) (or drop) ends its threads and removes the
+/// files it created.
 pub struct ControlPlane {
     controller: Arc<Controller>,
     server: Option<ControlServer>,
@@ -40,6 +42,8 @@ pub struct ControlPlane {
 }
 
 impl ControlPlane {
+    /// Starts what `opts` asks for around `controller`: the socket first (so a socket in use
+    /// stops the start before any file is touched), then metrics, the stats file and the ticker.
     pub fn start(
         controller: Arc<Controller>,
         opts: &ControlPlaneOptions,
@@ -92,14 +96,18 @@ impl ControlPlane {
         })
     }
 
+    /// The controller every listener answers from.
     pub fn controller(&self) -> &Arc<Controller> {
         &self.controller
     }
 
+    /// Where the control socket listens, for `serve` to print; `None` without one.
     pub fn control_socket(&self) -> Option<&Path> {
         self.server.as_ref().map(ControlServer::path)
     }
 
+    /// The address the metrics listener bound (the real port when 0 was asked for); `None`
+    /// without one.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
         self.metrics.as_ref().map(MetricsServer::addr)
     }

@@ -85,7 +85,8 @@ impl Out {
 }
 
 impl Report {
-    pub fn to_prometheus(&self) -> String {
+    /// The report in the Prometheus text exposition format, as `/metrics` answers it.
+    pub(crate) fn to_prometheus(&self) -> String {
         let mut o = Out(String::new());
         for (k, v) in self.counters.iter() {
             let name = format!("flashtier_{}_total", metric_name(k));

@@ -18,27 +18,37 @@ pub enum Request {
     /// The full [`crate::Report`].
     Report,
     /// `{"name", "value"}` of a parameter or `mode`.
-    Get { name: String },
+    Get {
+        /// The parameter's name, or `mode`.
+        name: String,
+    },
     /// Sets a parameter live (for `mode`, starts the switch); `{"name", "value"}` as stored.
     Set {
+        /// The parameter's name, or `mode`.
         name: String,
         /// A string; numbers and booleans are accepted too and taken as written.
         #[serde(deserialize_with = "scalar")]
         value: String,
+        /// Also write it to the config file, before applying it (default false).
         #[serde(default)]
         persist: bool,
     },
     /// Sets several parameters together, all or none (values that constrain each other are
     /// checked as the whole change leaves them): a list of `{"name", "value"}` as stored.
     SetMany {
+        /// The change, in any order; `mode` is refused here.
         settings: Vec<Setting>,
+        /// Also write them to the config file, before applying them (default false).
         #[serde(default)]
         persist: bool,
     },
     /// Every parameter as [`crate::ParamRow`]s.
     Params,
     /// Starts a mode switch in the background: `{"mode"}`; progress is the report's `job`.
-    Mode { mode: String },
+    Mode {
+        /// The mode to switch to, one of [`crate::MODES`].
+        mode: String,
+    },
     /// Starts a manual flush in the background (every dirty block written back, the backing
     /// store flushed): `null`; progress is the report's `job`.
     Flush,
@@ -49,22 +59,28 @@ pub enum Request {
     /// Starts detaching the cache in the background (written back first unless `force`, which
     /// discards dirty data): `{"dirty_blocks"}` as it starts; progress is the report's `job`.
     Detach {
+        /// Discard the dirty blocks instead of writing them back (default false).
         #[serde(default)]
         force: bool,
     },
     /// Attaches a cache (`cache`: a device path; none: the one detached), formatted empty
     /// first: [`crate::Attached`].
     Attach {
+        /// The device to attach; none: the one detached from this server.
         #[serde(default)]
         cache: Option<String>,
+        /// The mode to run it in; none: the detached cache's, else `serve --mode`'s, else the
+        /// device's default.
         #[serde(default)]
         mode: Option<String>,
+        /// Format a device that holds another backing store's cache (default false).
         #[serde(default)]
         force: bool,
     },
     /// Starts a scrub in the background (`rate`: bytes per second at most; none: as fast as
     /// the device goes): `null`; progress is the report's `scrub`.
     Scrub {
+        /// At most this many bytes per second; none: unlimited.
         #[serde(default)]
         rate: Option<u64>,
     },
@@ -73,8 +89,10 @@ pub enum Request {
     /// Forgets lost blocks: all (no `offset`), or those the bytes from `offset` (`length`
     /// bytes; none: one block) touch: `{"forgotten"}`.
     ForgetLost {
+        /// First byte of the range, on the exported device; none: every lost block.
         #[serde(default)]
         offset: Option<u64>,
+        /// Bytes from `offset`; none: one block.
         #[serde(default)]
         length: Option<u64>,
     },
@@ -92,15 +110,19 @@ fn scalar<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
 
 /// One response.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Response {
+pub(crate) struct Response {
+    /// Whether the request was done; `result` or `error` says more.
     pub ok: bool,
+    /// The answer of a request done (its shape depends on the request).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<serde_json::Value>,
+    /// Why the request was refused, for the operator.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
 
 impl Response {
+    /// A request done, answering `result`.
     pub fn ok(result: serde_json::Value) -> Response {
         Response {
             ok: true,
@@ -109,6 +131,7 @@ impl Response {
         }
     }
 
+    /// A request refused, for the reason `message`.
     pub fn error(message: impl Into<String>) -> Response {
         Response {
             ok: false,
@@ -121,6 +144,7 @@ impl Response {
 /// One value of `set_many`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Setting {
+    /// The parameter's name.
     pub name: String,
     /// A string; numbers and booleans are accepted too and taken as written.
     #[serde(deserialize_with = "scalar")]
@@ -129,8 +153,10 @@ pub struct Setting {
 
 /// The `result` of `get` and `set`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct NameValue {
+pub(crate) struct NameValue {
+    /// The parameter's name, or `mode`.
     pub name: String,
+    /// Its value as stored, formatted as `set` would accept it.
     pub value: String,
 }
 

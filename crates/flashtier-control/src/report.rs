@@ -26,10 +26,12 @@ impl<V> Default for Ordered<V> {
 }
 
 impl<V> Ordered<V> {
+    /// The value under `key`; a linear search, as these maps hold tens of keys.
     pub fn get(&self, key: &str) -> Option<&V> {
         self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v)
     }
 
+    /// The entries in their order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &V)> {
         self.0.iter().map(|(k, v)| (k.as_str(), v))
     }
@@ -74,6 +76,7 @@ impl<'de, V: Deserialize<'de>> Deserialize<'de> for Ordered<V> {
 /// The whole report.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Report {
+    /// What is served and its health; the part `flashtier status` shows.
     pub status: StatusReport,
     /// The mode switch or flush in progress, or the last one (until the next starts).
     pub job: Option<JobReport>,
@@ -91,6 +94,7 @@ pub struct Report {
     /// Operation (`read`, `write`, `flush`, `trim`, `write_zeroes`) -> latency since the start or
     /// the last reset, as the NBD clients see it.
     pub latency: Ordered<LatencyReport>,
+    /// Cache device writes and the endurance forecast.
     pub wear: Wear,
     /// Every live parameter -> its current value (empty without a cache).
     pub params: Ordered<String>,
@@ -107,6 +111,7 @@ pub struct StatusReport {
     pub version: String,
     /// The exported device, e.g. `flashtier cache over file /srv/disk.img`.
     pub device: String,
+    /// The exported size, as clients see it.
     pub size_bytes: u64,
     /// Whether there is a cache (false: the backing store is served as is).
     pub cache: bool,
@@ -119,6 +124,7 @@ pub struct StatusReport {
     /// lost (see `integrity`) or the backing store fails (dirty data kept, write-back retried),
     /// both named when both hold; else `ok`.
     pub health: String,
+    /// Seconds since the server started (its controller was created).
     pub uptime_secs: u64,
     /// The cache's figures; absent without a cache.
     #[serde(flatten)]
@@ -128,20 +134,29 @@ pub struct StatusReport {
 /// The cache's sizes and occupancy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CacheStatus {
+    /// The cache's block size in bytes: the unit of caching and of every block count here.
     pub block_size: u32,
+    /// Most blocks the cache can hold at once.
     pub capacity_blocks: u64,
+    /// Blocks cached now, clean or dirty.
     pub cached_blocks: u64,
+    /// Cached blocks newer than the backing store's copy, still to be written back.
     pub dirty_blocks: u64,
+    /// `dirty_blocks` in bytes.
     pub dirty_bytes: u64,
     /// Cached blocks as a percentage of the capacity.
     pub used_pct: f64,
+    /// Segments on the cache device (the unit of log allocation and reclaim).
     pub segments: u32,
+    /// Segments holding nothing, ready for the log.
     pub free_segments: u64,
+    /// Segment size in bytes.
     pub segment_size: u32,
     /// RAM used by the index.
     pub index_bytes: u64,
     /// Largest write that is all-or-nothing after a crash.
     pub atomic_write_bytes: u32,
+    /// Which segment reclaim empties first: `fifo` or `lru`.
     pub reclaim_policy: String,
     /// The background cleaner.
     #[serde(default)]
@@ -188,14 +203,18 @@ pub fn blocks_touched(offset: u64, length: Option<u64>, block_size: u64) -> (u64
 /// A scrub (`flashtier scrub`): every cached block read back and checked.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ScrubStatus {
+    /// Whether it has ended (finished, cancelled or failed).
     pub done: bool,
     /// Asked to stop (`flashtier scrub --cancel`, or a detach); once `done`, it checked only
     /// part of the cache.
     pub cancelled: bool,
     /// Why it stopped early (a cache device read failed).
     pub error: Option<String>,
+    /// Segments checked so far; with `segments_total`, the progress.
     pub segments_done: u64,
+    /// Segments to check in all.
     pub segments_total: u64,
+    /// Cached blocks read back and checked so far.
     pub checked_blocks: u64,
     /// Clean blocks that failed their checksum: dropped from the cache (read from the backing
     /// store from now on).
@@ -204,6 +223,7 @@ pub struct ScrubStatus {
     pub lost_blocks: u64,
     /// The rate limit; null: as fast as the device goes.
     pub rate_bytes_per_sec: Option<u64>,
+    /// Seconds since it started; frozen once `done`.
     pub elapsed_secs: f64,
 }
 
@@ -238,7 +258,9 @@ pub struct JobReport {
     pub kind: String,
     /// The mode before and after (the same for a flush).
     pub from: String,
+    /// The mode it ends in (`detached` for a detach).
     pub to: String,
+    /// Whether it has ended, successfully or not.
     pub done: bool,
     /// A flush asked to stop (`flashtier flush --cancel`); once `done`, the blocks it had not
     /// written back are still dirty.
@@ -250,7 +272,9 @@ pub struct JobReport {
     /// less what was written to the backing store since it started (the engine marks blocks
     /// clean only at the end of each write-back pass).
     pub dirty_blocks_left: u64,
+    /// Dirty blocks when it started; with `dirty_blocks_left`, the progress.
     pub dirty_blocks_at_start: u64,
+    /// Seconds since it started; once `done`, how long it took.
     pub elapsed_secs: f64,
 }
 
@@ -261,18 +285,27 @@ pub struct Derived {
     pub read_hit_pct: Option<f64>,
     /// Written blocks that replaced a cached version, percent (null before any write).
     pub write_hit_pct: Option<f64>,
+    /// The status's `dirty_bytes`; null without a cache.
     pub dirty_bytes: Option<u64>,
+    /// The status's `used_pct`; null without a cache.
     pub used_pct: Option<f64>,
 }
 
 /// Latency of one operation, in microseconds.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LatencyReport {
+    /// Requests measured.
     pub count: u64,
+    /// Median.
     pub p50_us: f64,
+    /// 99th percentile.
     pub p99_us: f64,
+    /// 99.9th percentile.
     pub p999_us: f64,
+    /// Slowest request (an upper bound after a reset: see
+    /// [`HistSnapshot::since`](crate::histogram::HistSnapshot::since)).
     pub max_us: f64,
+    /// All requests' latencies added up, for the mean and Prometheus's `_sum`.
     pub sum_us: f64,
     /// `[bound_us, requests at or below it]` for each of [`LATENCY_BUCKETS_US`], cumulative:
     /// the Prometheus histogram's buckets (quantiles over any window, e.g.

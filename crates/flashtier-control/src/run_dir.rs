@@ -22,32 +22,53 @@ pub const MODE: u32 = 0o755;
 /// Why the run directory cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum RunDirError {
+    /// Creating, opening or examining the directory failed (its parent missing, no permission).
     #[error("cannot create the run directory {}: {source}", dir.display())]
     Create {
+        /// The run directory.
         dir: PathBuf,
+        /// The failing call's error.
         #[source]
         source: io::Error,
     },
+    /// The path is a symlink or something other than a directory; never followed.
     #[error(
         "the run directory {} is a symbolic link or not a directory; remove it, or give \
          --listen, --control-socket and --stats-file elsewhere",
         dir.display()
     )]
-    NotADirectory { dir: PathBuf },
+    NotADirectory {
+        /// The run directory.
+        dir: PathBuf,
+    },
+    /// The directory belongs to another user, who could replace what flashtier puts there.
     #[error(
         "the run directory {} belongs to uid {owner}, not to this server (uid {me}): whoever owns \
          it can replace the sockets and files flashtier creates there. Remove it (flashtier \
          recreates it), or give --listen, --control-socket and --stats-file elsewhere",
         dir.display()
     )]
-    NotOurs { dir: PathBuf, owner: u32, me: u32 },
+    NotOurs {
+        /// The run directory.
+        dir: PathBuf,
+        /// The uid owning it.
+        owner: u32,
+        /// This process's effective uid.
+        me: u32,
+    },
+    /// Group or others can write the directory, so they could replace what flashtier puts there.
     #[error(
         "the run directory {} has mode {mode:04o}: other users can write it and so replace the \
          sockets and files flashtier creates there. `chmod 755` it (or remove it: flashtier \
          recreates it mode 0755), or give --listen, --control-socket and --stats-file elsewhere",
         dir.display()
     )]
-    Writable { dir: PathBuf, mode: u32 },
+    Writable {
+        /// The run directory.
+        dir: PathBuf,
+        /// Its permission bits (including setuid, setgid and sticky).
+        mode: u32,
+    },
 }
 
 /// The run directory for this user.

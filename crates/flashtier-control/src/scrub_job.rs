@@ -38,10 +38,13 @@ pub struct Scrubber {
 /// Why a scrub request was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ScrubError {
+    /// One scrub at a time.
     #[error("a scrub is running already (`flashtier scrub --status` shows it)")]
     Running,
+    /// Cancel asked while no scrub runs.
     #[error("no scrub is running")]
     NotRunning,
+    /// The scrub thread could not be spawned; holds the error.
     #[error("cannot start the scrub thread: {0}")]
     Spawn(std::io::Error),
 }

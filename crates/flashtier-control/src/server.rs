@@ -234,6 +234,7 @@ impl ControlServer {
         })
     }
 
+    /// Where clients connect; the socket file is removed again at stop.
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -12,7 +12,8 @@ use crate::atomic_file::{create_dirs, replace, Durability, Perms};
 const MODE: u32 = 0o644;
 use crate::report::Report;
 
-pub struct StatsFile {
+/// The two stats files one report is written to every tick.
+pub(crate) struct StatsFile {
     text: PathBuf,
     json: PathBuf,
 }
@@ -31,10 +32,12 @@ impl StatsFile {
         })
     }
 
+    /// The text file (`name value` lines).
     pub fn path(&self) -> &Path {
         &self.text
     }
 
+    /// The JSON twin: the text file's path with `.json` appended.
     pub fn json_path(&self) -> &Path {
         &self.json
     }

@@ -12,6 +12,8 @@ use std::sync::Arc;
 use flashtier_io::{BlockDev, DevInfo, Extent, ZeroOpts};
 use parking_lot::RwLock;
 
+/// A device that forwards each request to whichever device it holds now (the cache, or the
+/// backing store while none is attached), so detach and attach never disconnect a client.
 pub struct Switchable {
     current: RwLock<Arc<dyn BlockDev>>,
     /// Fixed at start: clients negotiated with it. Size and read-only never change (the cache
@@ -20,6 +22,7 @@ pub struct Switchable {
 }
 
 impl Switchable {
+    /// Starts serving `dev`; its geometry (size, read-only, hints) is what clients see for good.
     pub fn new(dev: Arc<dyn BlockDev>) -> Switchable {
         Switchable {
             info: dev.info().clone(),

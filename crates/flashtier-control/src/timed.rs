@@ -18,16 +18,23 @@ use crate::histogram::{HistSnapshot, Histogram};
 /// The operations timed, in report order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Op {
+    /// Reads, from the cache or the backing store.
     Read,
+    /// Writes, FUA or not, single or vectored.
     Write,
+    /// Flushes: the durability barrier clients ask for.
     Flush,
+    /// Discards (NBD TRIM).
     Trim,
+    /// Zeroing a range (NBD WRITE_ZEROES).
     WriteZeroes,
 }
 
 impl Op {
+    /// Every operation, in report order; `op as usize` indexes it.
     pub const ALL: [Op; 5] = [Op::Read, Op::Write, Op::Flush, Op::Trim, Op::WriteZeroes];
 
+    /// The name in reports, metric labels and counter names (`write_zeroes`, not `WriteZeroes`).
     pub fn name(self) -> &'static str {
         match self {
             Op::Read => "read",
@@ -101,6 +108,8 @@ pub struct Timed {
 }
 
 impl Timed {
+    /// Wraps `inner`, with empty measurements; `serve` wraps the exported device, so the
+    /// latencies are those of every request below the NBD protocol.
     pub fn new(inner: Arc<dyn BlockDev>) -> Timed {
         Timed {
             inner,
@@ -108,6 +117,7 @@ impl Timed {
         }
     }
 
+    /// The measurements, shared: the controller reads them while requests keep adding to them.
     pub fn latencies(&self) -> Arc<Latencies> {
         self.lat.clone()
     }

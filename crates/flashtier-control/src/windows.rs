@@ -33,9 +33,11 @@ struct Sample {
 /// One window's counter deltas.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WindowDelta {
+    /// The window's name in reports: one of [`WINDOWS`], or [`TOTAL`].
     pub name: &'static str,
     /// Seconds the window really covers (less than its length early on).
     pub secs: u64,
+    /// How much each counter grew over the window, in the counters' order.
     pub deltas: Counters,
 }
 
