@@ -7,30 +7,46 @@ use std::time::Duration;
 
 use parking_lot::RwLock;
 
-use crate::index::Index;
+use crate::cow::CowVec;
+use crate::index::{Index, SlotsSnapshot};
 use crate::layout::batch::{Entry, Kind};
 use crate::lost::LostSet;
-use crate::segments::Segments;
+use crate::segments::{Head, Segments};
 
 pub struct State {
     pub index: Index,
     pub segs: Segments,
     /// CRC32C of the data in each slot, as written: every read of a slot is checked against it.
     /// Kept for a slot until the slot is written again, so a read that pinned the slot's segment
-    /// can still check what it read after the block moved on.
-    pub crcs: Vec<u32>,
+    /// can still check what it read after the block moved on. In copy-on-write chunks, like the
+    /// index's slot words, for [`State::snapshot`].
+    pub crcs: CowVec<u32>,
     /// Blocks whose newest data was lost (see `lost`).
     pub lost: LostSet,
 }
 
 impl State {
     pub fn new(index: Index, segs: Segments) -> State {
-        let crcs = vec![0; index.slot_count() as usize];
+        let crcs = CowVec::new(index.slot_count() as usize);
         State {
             index,
             segs,
             crcs,
             lost: LostSet::default(),
+        }
+    }
+
+    /// What a checkpoint records, as it is now. Costs O(slots / `cow::CHUNK_LEN` + segments +
+    /// lost ranges) under the state lock, not O(slots): the per-slot arrays are shared
+    /// copy-on-write, and encoding them happens later, without the lock.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot {
+            slots: self.index.snapshot(),
+            crcs: self.crcs.clone(),
+            open: self.segs.head,
+            free: self.segs.free_order_after_checkpoint(),
+            lost: self.lost.ranges().collect(),
+            quarantined: self.segs.quarantined_count(),
         }
     }
 
@@ -145,6 +161,23 @@ impl State {
             }
         }
     }
+}
+
+/// The state at one log position, as a checkpoint records it (see [`State::snapshot`]).
+pub struct Snapshot {
+    /// Every slot's block and dirty flag.
+    pub slots: SlotsSnapshot,
+    /// Every slot's checksum.
+    pub crcs: CowVec<u32>,
+    /// The segment the log was filling.
+    pub open: Option<Head>,
+    /// Free segments in the order the log takes them once this checkpoint is durable.
+    pub free: Vec<u32>,
+    /// Ranges of lost blocks.
+    pub lost: Vec<(u64, u64)>,
+    /// Segments quarantined at the time: the first this many of the quarantine may be released
+    /// once this checkpoint is durable (later ones may still be mapped by it).
+    pub quarantined: usize,
 }
 
 /// Waits until no read started before `segments` were emptied is still running, so their slots
