@@ -38,15 +38,16 @@ impl State {
 
     /// What a checkpoint records, as it is now. Costs O(slots / `cow::CHUNK_LEN` + segments +
     /// lost ranges) under the state lock, not O(slots): the per-slot arrays are shared
-    /// copy-on-write, and encoding them happens later, without the lock.
-    pub fn snapshot(&self) -> Snapshot {
+    /// copy-on-write, and encoding them happens later, without the lock. The quarantined
+    /// segments become free once it is durable, but `held` (see `Writer::fallback_open`).
+    pub fn snapshot(&self, held: Option<u32>) -> Snapshot {
         Snapshot {
             slots: self.index.snapshot(),
             crcs: self.crcs.clone(),
             open: self.segs.head,
-            free: self.segs.free_order_after_checkpoint(),
+            free: self.segs.free_order_holding(held),
             lost: self.lost.ranges().collect(),
-            quarantined: self.segs.quarantined_count(),
+            release: self.segs.quarantined_but(held),
         }
     }
 
@@ -175,9 +176,9 @@ pub struct Snapshot {
     pub free: Vec<u32>,
     /// Ranges of lost blocks.
     pub lost: Vec<(u64, u64)>,
-    /// Segments quarantined at the time: the first this many of the quarantine may be released
-    /// once this checkpoint is durable (later ones may still be mapped by it).
-    pub quarantined: usize,
+    /// Segments quarantined at the time, released once this checkpoint is durable (in this
+    /// order, the end of `free`); later ones may still be mapped by it.
+    pub release: Vec<u32>,
 }
 
 /// Waits until no read started before `segments` were emptied is still running, so their slots
