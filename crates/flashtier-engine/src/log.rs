@@ -448,6 +448,10 @@ pub struct Writer {
     durable: u64,
     /// The `durable` the last header written carried: a note is due while this lags.
     durable_told: u64,
+    /// The `durable` the last batch or seal header written carried. Unlike `durable_told`, notes
+    /// do not count: the next batch overwrites a note, and a crash tearing that batch takes the
+    /// note with it, so a vouched sync must not count on one (see the run loop).
+    durable_in_batch: u64,
     /// The own half of the last batch or seal header written (zeroes: none), which the next
     /// header carries a copy of.
     prev_own: Box<[u8; OWN_LEN]>,
@@ -530,6 +534,7 @@ impl Writer {
             // Opening synced what recovery found, so all of it is durable.
             durable: start.next_seq,
             durable_told: start.next_seq,
+            durable_in_batch: start.next_seq,
             prev_own: start.last_header.clone(),
             log_id: start.log_id,
             unsynced: Vec::new(),
@@ -679,7 +684,17 @@ impl Writer {
             // (A checkpoint syncs the device itself, before its snapshot.)
             if !wants_sync.is_empty() {
                 let mut result = self.sync_device();
-                if result.is_ok() && wants_sync.iter().any(|(_, v)| *v) && self.note_due() {
+                // Vouched unless a batch header already says this much is durable: a note saying
+                // it does not do (found by the power-loss campaign: a sync in between, here a
+                // background checkpoint's, advanced `durable`, the idle writer noted it, the
+                // vouched sync then wrote no vouching headers, the next batch overwrote the note
+                // and the crash tore that batch; damage to an older vouching header then cut the
+                // log before a write the backing store's later bypass write relied on).
+                if result.is_ok()
+                    && wants_sync.iter().any(|(_, v)| *v)
+                    && self.durable > self.durable_in_batch
+                    && !self.log().failed()
+                {
                     self.write_vouch();
                     result = self.sync_device();
                 }
@@ -972,6 +987,7 @@ impl Writer {
     fn header_written(&mut self) {
         self.prev_own.copy_from_slice(&self.header[..OWN_LEN]);
         self.durable_told = self.durable;
+        self.durable_in_batch = self.durable;
     }
 
     fn write_seal(&mut self, h: Head) -> io::Result<()> {
