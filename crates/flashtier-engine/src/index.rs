@@ -2,11 +2,13 @@
 //!
 //! The index is exact (a lookup never answers "may contain") and compact: about 13 bytes of RAM
 //! per cache slot, so a 1 TiB cache of 4 KiB blocks (2^28 slots) costs about 3.3 GiB. It is
-//! allocated once, for the fixed slot count of the device, and never grows.
+//! sized for the fixed slot count of the device and never grows; the table is allocated at once,
+//! the slot words chunk by chunk as slots are first used (until then they share one chunk of
+//! zeroes, see `cow`).
 //!
 //! # Structure
 //!
-//! * `slots`: one 64-bit word per cache slot, saying what the slot holds:
+//! * `slots`: one 64-bit word per cache slot (in copy-on-write chunks), saying what it holds:
 //!
 //!   ```text
 //!   bits  0..48  LBA + 1 (0: the slot holds no live block)
@@ -53,9 +55,16 @@
 //! acquisition, and releasing a shared lock happens-before the next exclusive acquisition, so a
 //! writer sees every REFERENCED bit set before it). Hence every atomic access here is `Relaxed`,
 //! and the `&mut self` paths use plain (non-atomic) access through [`AtomicU64::get_mut`].
-//! Do not expose the slot words to code that can run without the lock.
+//! Do not expose the slot words to code that can run without the lock, with one exception: a
+//! [`SlotsSnapshot`] ([`Index::snapshot`], taken under the lock) is read by the checkpoint thread
+//! without it. The slot words live in copy-on-write chunks (`cow::CowVec`), so no `&mut self`
+//! path ever writes a chunk a snapshot shares (it copies the chunk first); only `touch` may still
+//! OR REFERENCED into one, which snapshots ignore. The snapshot's contents reach the checkpoint
+//! thread through the lock release and the thread's spawn, both of which order them.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::cow::CowVec;
 
 /// Bits of a slot word holding `lba + 1`.
 const LBA_MASK: u64 = (1 << 48) - 1;
@@ -89,7 +98,9 @@ pub struct SlotInfo {
 
 /// The LBA → slot map of the cache and its inverse. See the [module documentation](self).
 pub struct Index {
-    slots: Box<[AtomicU64]>,
+    /// In copy-on-write chunks, so a checkpoint can snapshot them in O(chunks) under the state
+    /// lock ([`Index::snapshot`]).
+    slots: CowVec<AtomicU64>,
     table: Box<[u32]>,
     /// Mapped LBAs (= occupied table cells = live slots).
     len: usize,
@@ -202,9 +213,7 @@ impl Index {
             fp_mask,
         } = CellLayout::new(slot_count, max_disp_bits, max_fp_bits);
         Index {
-            slots: std::iter::repeat_with(|| AtomicU64::new(0))
-                .take(n)
-                .collect(),
+            slots: CowVec::new(n),
             table: vec![0u32; cells].into_boxed_slice(),
             len: 0,
             slot_mask,
@@ -402,22 +411,31 @@ impl Index {
     }
 
     /// The live slots in `[first_slot, first_slot + n)` (clipped to the slot count) and what they
-    /// hold, in slot order: reclaim walks a segment with it, checkpoints walk everything.
+    /// hold, in slot order: reclaim walks a segment with it.
     pub fn slots_in(&self, first_slot: u32, n: u32) -> impl Iterator<Item = (u32, SlotInfo)> + '_ {
         let start = (first_slot as usize).min(self.slots.len());
         let end = (first_slot as usize)
             .saturating_add(n as usize)
             .min(self.slots.len());
-        self.slots[start..end]
-            .iter()
-            .enumerate()
-            .filter_map(move |(i, w)| Some(((start + i) as u32, decode(w.load(Relaxed))?)))
+        (start..end).filter_map(move |s| Some((s as u32, decode(self.slots[s].load(Relaxed))?)))
     }
 
-    /// Bytes of RAM the index uses: `slot_count * 8 + table cells * 4`, about 13 per slot.
+    /// What every slot holds now, for a checkpoint: O(slot count / `cow::CHUNK_LEN`), so the log
+    /// writer can take it under the state lock at an exact log position and encode it elsewhere.
+    /// Later changes to the index do not show in it (their chunks are copied first).
+    pub fn snapshot(&self) -> SlotsSnapshot {
+        SlotsSnapshot {
+            slots: self.slots.clone(),
+            len: self.len,
+        }
+    }
+
+    /// Bytes of RAM the index uses with every slot in use: `slot_count * 8 + table cells * 4`,
+    /// about 13 per slot. (The slot words of slots never used since the cache was opened share
+    /// one chunk of zeroes, so a mostly empty cache takes less.)
     pub fn memory_bytes(&self) -> usize {
         std::mem::size_of::<Self>()
-            + std::mem::size_of_val::<[AtomicU64]>(&self.slots)
+            + self.slots.nominal_bytes()
             + std::mem::size_of_val::<[u32]>(&self.table)
     }
 
@@ -509,7 +527,7 @@ impl Index {
     /// Makes sure `slot` is free or holds `lba`, unmapping any other occupant (a caller bug:
     /// panics in debug builds). Returns whether it unmapped something.
     fn make_room(&mut self, slot: u32, lba: u64) -> bool {
-        let held = *self.slots[slot as usize].get_mut() & LBA_MASK;
+        let held = self.slots[slot as usize].load(Relaxed) & LBA_MASK;
         if held == 0 || held == lba + 1 {
             return false;
         }
@@ -573,7 +591,7 @@ impl Index {
                 return;
             }
             if let Probe::Found { pos, slot } = self.probe(lba, hash(lba)) {
-                let dirty = *self.slots[slot as usize].get_mut() & DIRTY != 0;
+                let dirty = self.slots[slot as usize].load(Relaxed) & DIRTY != 0;
                 self.unmap_at(pos, slot);
                 on_removed(lba, slot, dirty);
             }
@@ -590,33 +608,60 @@ impl Index {
         mut on_removed: impl FnMut(u64, u32, bool),
     ) {
         let mut doomed = 0usize;
-        for (slot, w) in self.slots.iter_mut().enumerate() {
-            let word = w.get_mut();
-            let key = *word & LBA_MASK;
-            if key > first && key <= end {
-                *word |= DOOMED;
-                doomed += 1;
-                on_removed(key - 1, slot as u32, *word & DIRTY != 0);
-            }
-        }
+        let in_range = |w: &AtomicU64| {
+            let key = w.load(Relaxed) & LBA_MASK;
+            key > first && key <= end
+        };
+        // Only chunks holding a doomed slot are written (copied first if a checkpoint's snapshot
+        // shares them), and the never-used ones are skipped whole.
+        self.slots.for_each_chunk_mut(
+            |words| words.iter().any(in_range),
+            |at, words| {
+                for (i, w) in words.iter_mut().enumerate() {
+                    let word = w.get_mut();
+                    let key = *word & LBA_MASK;
+                    if key > first && key <= end {
+                        *word |= DOOMED;
+                        doomed += 1;
+                        on_removed(key - 1, (at + i) as u32, *word & DIRTY != 0);
+                    }
+                }
+            },
+        );
         if doomed == 0 {
             return;
         }
+        let is_doomed = |w: &AtomicU64| w.load(Relaxed) & DOOMED != 0;
         // Deleting a cell costs a probe plus a backward shift, several random memory accesses;
         // rebuilding costs about one per surviving entry.
         let survivors = self.len - doomed;
         if rebuild.unwrap_or(doomed.saturating_mul(4) >= survivors) {
-            for w in self.slots.iter_mut() {
-                let word = w.get_mut();
-                if *word & DOOMED != 0 {
-                    *word = 0;
-                }
-            }
+            self.slots.for_each_chunk_mut(
+                |words| words.iter().any(is_doomed),
+                |_, words| {
+                    for w in words.iter_mut() {
+                        let word = w.get_mut();
+                        if *word & DOOMED != 0 {
+                            *word = 0;
+                        }
+                    }
+                },
+            );
             self.len = survivors;
             self.rebuild_table();
         } else {
-            for slot in 0..self.slots.len() {
-                let word = *self.slots[slot].get_mut();
+            let starts: Vec<usize> = self
+                .slots
+                .chunks()
+                .filter(|(_, words)| words.iter().any(is_doomed))
+                .map(|(at, _)| at)
+                .collect();
+            let n = self.slots.len();
+            let slots = starts
+                .into_iter()
+                .flat_map(|at| at..(at + crate::cow::CHUNK_LEN).min(n));
+            for slot in slots {
+                let word = self.slots[slot].load(Relaxed);
                 if word & DOOMED != 0 {
                     let lba = (word & LBA_MASK) - 1;
                     let Probe::Found { pos, .. } = self.probe(lba, hash(lba)) else {
@@ -630,25 +675,55 @@ impl Index {
 
     /// Refills the table from the slot words (which hold distinct LBAs, so no key comparisons).
     fn rebuild_table(&mut self) {
-        self.table.fill(0);
-        let n = self.table.len();
-        for slot in 0..self.slots.len() {
-            let key = *self.slots[slot].get_mut() & LBA_MASK;
-            if key == 0 {
-                continue;
-            }
+        let mut table = std::mem::take(&mut self.table);
+        table.fill(0);
+        let n = table.len();
+        let live = self.slots.chunks().flat_map(|(at, words)| {
+            words.iter().enumerate().filter_map(move |(i, w)| {
+                let key = w.load(Relaxed) & LBA_MASK;
+                (key != 0).then_some(((at + i) as u32, key))
+            })
+        });
+        for (slot, key) in live {
             let h = hash(key - 1);
             let mut pos = home(h, n);
             let mut disp = 0;
-            while self.table[pos] != 0 {
+            while table[pos] != 0 {
                 pos += 1;
                 if pos == n {
                     pos = 0;
                 }
                 disp += 1;
             }
-            self.table[pos] = self.new_cell(slot as u32, disp, h);
+            table[pos] = self.new_cell(slot, disp, h);
         }
+        self.table = table;
+    }
+}
+
+/// The slot words of an index at one moment (see [`Index::snapshot`]).
+pub struct SlotsSnapshot {
+    slots: CowVec<AtomicU64>,
+    /// Live slots in it.
+    len: usize,
+}
+
+impl SlotsSnapshot {
+    /// How many slots hold a live block.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The live slots and what they hold, in slot order. Skips the chunks of slots never used.
+    /// REFERENCED may be set concurrently by `touch` in chunks still shared with the index, so
+    /// it means nothing here.
+    pub fn live(&self) -> impl Iterator<Item = (u32, SlotInfo)> + '_ {
+        self.slots.chunks().flat_map(|(at, words)| {
+            words
+                .iter()
+                .enumerate()
+                .filter_map(move |(i, w)| Some(((at + i) as u32, decode(w.load(Relaxed))?)))
+        })
     }
 }
 
@@ -708,8 +783,8 @@ mod tests {
             assert_eq!(seen_slots.len(), self.len, "occupied cells vs len");
             assert!(self.len < n, "no empty cell left");
             let mut live = 0;
-            for (slot, w) in self.slots.iter().enumerate() {
-                let word = w.load(Relaxed);
+            for slot in 0..self.slots.len() {
+                let word = self.slots[slot].load(Relaxed);
                 assert_eq!(
                     word & !(LBA_MASK | DIRTY | REFERENCED),
                     0,
@@ -1101,6 +1176,40 @@ mod tests {
         }
         assert!(longest < 200, "longest probe {longest}");
         i.check_invariants();
+    }
+
+    /// A checkpoint's snapshot is what the index held when it was taken, whatever the index
+    /// does afterwards (inserts, moves, cleaning, removal of a range by scanning), and it skips
+    /// the slots never used.
+    #[test]
+    fn a_snapshot_does_not_change_when_the_index_does() {
+        let slots = 4 * crate::cow::CHUNK_LEN as u32;
+        let mut i = Index::new(slots);
+        let far = slots - 1;
+        i.insert(10, 1, true);
+        i.insert(11, 2, false);
+        i.insert(12, far, true);
+        let snap = i.snapshot();
+        let before: Vec<(u32, u64, bool)> = snap
+            .live()
+            .map(|(s, info)| (s, info.lba, info.dirty))
+            .collect();
+        assert_eq!(before, vec![(1, 10, true), (2, 11, false), (far, 12, true)]);
+        assert_eq!(snap.len(), 3);
+        i.insert(10, 5, false);
+        i.move_if(11, 2, 7);
+        i.set_clean_if(12, far);
+        i.insert(13, crate::cow::CHUNK_LEN as u32 + 3, true);
+        i.touch(7);
+        i.remove_range_scanning(0, 100, Some(true), |_, _, _| {});
+        assert!(i.is_empty());
+        i.check_invariants();
+        let after: Vec<(u32, u64, bool)> = snap
+            .live()
+            .map(|(s, info)| (s, info.lba, info.dirty))
+            .collect();
+        assert_eq!(after, before);
+        assert_eq!(snap.len(), 3);
     }
 
     #[test]

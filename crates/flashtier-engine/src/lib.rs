@@ -27,7 +27,8 @@
 //! is both the write-throughput trick and what keeps flash wear down. The index maps each cached
 //! block to its slot in ~13 bytes of RAM per cache block.
 //!
-//! Modules: `layout` (the on-device format), `index`, `segments`, `log` (the writer thread),
+//! Modules: `layout` (the on-device format), `index`, `cow` (the copy-on-write arrays that let
+//! checkpoints snapshot the index without stalling clients), `segments`, `log` (the writer thread),
 //! `recover`, `cache` (the volume and its per-mode I/O paths), `cleaner`, `reclaim`, `writeback`
 //! (the background cleaner and its controller), `guards` (keeping promotions from caching stale
 //! data), `policy` (modes, sequential stream detection, n-hit admission), `stats`, [`tunables`]
@@ -42,6 +43,7 @@
 pub mod adopt;
 mod cache;
 mod cleaner;
+mod cow;
 mod detach;
 mod engine;
 mod guards;

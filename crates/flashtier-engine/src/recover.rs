@@ -1125,7 +1125,7 @@ fn state_from_checkpoint(geo: &Geometry, c: &Checkpoint) -> Result<State, Engine
         }
     }
     let mut state = State::new(index, segs);
-    state.crcs = crcs;
+    state.crcs = crcs.into();
     state.lost = LostSet::from_ranges(&c.lost);
     Ok(state)
 }

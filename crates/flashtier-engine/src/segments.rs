@@ -5,7 +5,10 @@
 //! checkpoint may still map blocks into it (evictions are not logged), so its contents must stay
 //! intact until a checkpoint that no longer references it has been written. Quarantined segments
 //! then join the end of the free list, in the order the next checkpoint records, which is what
-//! lets recovery follow the log from segment to segment without scanning.
+//! lets recovery follow the log from segment to segment without scanning. One exception: the
+//! segment the log was filling when the newest durable checkpoint was taken waits for the
+//! checkpoint after the next (see `log::Writer::fallback_open`): recovery falling back to that
+//! checkpoint walks the log from the middle of it.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -119,8 +122,29 @@ impl Segments {
 
     /// The free list in allocation order, followed by the quarantined segments: the order the log
     /// will take segments in once the checkpoint being written is durable.
+    #[cfg(test)]
     pub fn free_order_after_checkpoint(&self) -> Vec<u32> {
         self.free.iter().chain(&self.quarantine).copied().collect()
+    }
+
+    /// The order the log will take segments in once the checkpoint being written is durable,
+    /// when that checkpoint frees the quarantined segments but `held` (which waits for the
+    /// checkpoint after): [`Segments::free_order_after_checkpoint`] without it.
+    pub fn free_order_holding(&self, held: Option<u32>) -> Vec<u32> {
+        self.free
+            .iter()
+            .chain(self.quarantine.iter().filter(|&&s| Some(s) != held))
+            .copied()
+            .collect()
+    }
+
+    /// The quarantined segments but `held`, in quarantine order.
+    pub fn quarantined_but(&self, held: Option<u32>) -> Vec<u32> {
+        self.quarantine
+            .iter()
+            .copied()
+            .filter(|&s| Some(s) != held)
+            .collect()
     }
 
     fn seg_of(&self, slot: u32) -> usize {
@@ -214,6 +238,7 @@ impl Segments {
 
     /// After a checkpoint is durable: the segments quarantined before it became free. Returns them
     /// so the caller can wait for in-flight reads of them to finish before they are overwritten.
+    #[cfg(test)]
     pub fn release(&mut self, upto: usize) -> Vec<u32> {
         let released: Vec<u32> = self
             .quarantine
@@ -222,6 +247,24 @@ impl Segments {
         for &s in &released {
             self.state[s as usize] = SegState::Free;
             self.free.push_back(s);
+        }
+        released
+    }
+
+    /// After a checkpoint is durable: `segs`, quarantined when it was taken, became free, in this
+    /// order (the order it recorded); like [`Segments::release`], returns them. Segments no longer
+    /// quarantined are skipped (none are: only recovery takes segments out of the quarantine).
+    pub fn release_these(&mut self, segs: &[u32]) -> Vec<u32> {
+        let mut released = Vec::with_capacity(segs.len());
+        for &s in segs {
+            let Some(at) = self.quarantine.iter().position(|&q| q == s) else {
+                debug_assert!(false, "releasing segment {s}, which is not quarantined");
+                continue;
+            };
+            self.quarantine.remove(at);
+            self.state[s as usize] = SegState::Free;
+            self.free.push_back(s);
+            released.push(s);
         }
         released
     }
@@ -347,6 +390,25 @@ mod tests {
         assert_eq!(s.free_order_after_checkpoint(), vec![1, 2, 3, 0]);
         assert_eq!(s.release(usize::MAX), vec![0]);
         assert_eq!(s.state(0), SegState::Free);
+        assert_eq!(s.free_count(), 4);
+    }
+
+    #[test]
+    fn a_held_segment_waits_for_the_next_checkpoint() {
+        let mut s = Segments::new(5, 16);
+        for seq in [1, 2, 3] {
+            s.open_next(seq);
+            s.seal_head();
+        }
+        s.quarantine(0);
+        s.quarantine(2);
+        assert_eq!(s.free_order_holding(Some(0)), vec![3, 4, 2]);
+        assert_eq!(s.free_order_holding(None), s.free_order_after_checkpoint());
+        let release = s.quarantined_but(Some(0));
+        assert_eq!(s.release_these(&release), vec![2]);
+        assert_eq!(s.state(0), SegState::Quarantined);
+        assert_eq!(s.free_order_after_checkpoint(), vec![3, 4, 2, 0]);
+        assert_eq!(s.release_these(&s.quarantined_but(None)), vec![0]);
         assert_eq!(s.free_count(), 4);
     }
 

@@ -7,30 +7,47 @@ use std::time::Duration;
 
 use parking_lot::RwLock;
 
-use crate::index::Index;
+use crate::cow::CowVec;
+use crate::index::{Index, SlotsSnapshot};
 use crate::layout::batch::{Entry, Kind};
 use crate::lost::LostSet;
-use crate::segments::Segments;
+use crate::segments::{Head, Segments};
 
 pub struct State {
     pub index: Index,
     pub segs: Segments,
     /// CRC32C of the data in each slot, as written: every read of a slot is checked against it.
     /// Kept for a slot until the slot is written again, so a read that pinned the slot's segment
-    /// can still check what it read after the block moved on.
-    pub crcs: Vec<u32>,
+    /// can still check what it read after the block moved on. In copy-on-write chunks, like the
+    /// index's slot words, for [`State::snapshot`].
+    pub crcs: CowVec<u32>,
     /// Blocks whose newest data was lost (see `lost`).
     pub lost: LostSet,
 }
 
 impl State {
     pub fn new(index: Index, segs: Segments) -> State {
-        let crcs = vec![0; index.slot_count() as usize];
+        let crcs = CowVec::new(index.slot_count() as usize);
         State {
             index,
             segs,
             crcs,
             lost: LostSet::default(),
+        }
+    }
+
+    /// What a checkpoint records, as it is now. Costs O(slots / `cow::CHUNK_LEN` + segments +
+    /// lost ranges) under the state lock, not O(slots): the per-slot arrays are shared
+    /// copy-on-write, and encoding them happens later, without the lock. The quarantined
+    /// segments become free once it is durable, but `held` (see `Writer::fallback_open`).
+    pub fn snapshot(&self, held: Option<u32>) -> Snapshot {
+        Snapshot {
+            slots: self.index.snapshot(),
+            crcs: self.crcs.clone(),
+            open: self.segs.head,
+            free: self.segs.free_order_holding(held),
+            lost: self.lost.ranges().collect(),
+            release: self.segs.quarantined_but(held),
         }
     }
 
@@ -145,6 +162,23 @@ impl State {
             }
         }
     }
+}
+
+/// The state at one log position, as a checkpoint records it (see [`State::snapshot`]).
+pub struct Snapshot {
+    /// Every slot's block and dirty flag.
+    pub slots: SlotsSnapshot,
+    /// Every slot's checksum.
+    pub crcs: CowVec<u32>,
+    /// The segment the log was filling.
+    pub open: Option<Head>,
+    /// Free segments in the order the log takes them once this checkpoint is durable.
+    pub free: Vec<u32>,
+    /// Ranges of lost blocks.
+    pub lost: Vec<(u64, u64)>,
+    /// Segments quarantined at the time, released once this checkpoint is durable (in this
+    /// order, the end of `free`); later ones may still be mapped by it.
+    pub release: Vec<u32>,
 }
 
 /// Waits until no read started before `segments` were emptied is still running, so their slots

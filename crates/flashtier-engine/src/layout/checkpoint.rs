@@ -101,36 +101,88 @@ pub struct CheckpointHeader {
     pub body_crc: u32,
 }
 
-impl Checkpoint {
-    /// Bytes its body takes once encoded.
+/// Everything of a checkpoint but its index entries, which [`Frame::encode_into`] takes from an
+/// iterator: the log's checkpoint encodes a snapshot of the index straight into the buffer it
+/// writes, without collecting the entries first (for a full 1 TiB cache they are 4 GiB).
+#[derive(Debug, Clone, Copy)]
+pub struct Frame<'a> {
+    /// See [`Checkpoint::number`].
+    pub number: u64,
+    /// See [`Checkpoint::next_seq`].
+    pub next_seq: u64,
+    /// See [`Checkpoint::epoch`].
+    pub epoch: u64,
+    /// See [`Checkpoint::open`].
+    pub open: Option<LogHead>,
+    /// See [`Checkpoint::free`].
+    pub free: &'a [u32],
+    /// How many entries the iterator given to [`Frame::encode_into`] yields.
+    pub entry_count: u64,
+    /// See [`Checkpoint::lost`].
+    pub lost: &'a [(u64, u64)],
+}
+
+impl Frame<'_> {
+    /// Bytes the body takes.
     pub fn body_len(&self) -> u64 {
-        self.free.len() as u64 * 4 + (self.entries.len() + self.lost.len()) as u64 * ENTRY_LEN
+        self.free.len() as u64 * 4 + (self.entry_count + self.lost.len() as u64) * ENTRY_LEN
     }
 
-    /// Header and body, padded with zeroes to a multiple of 4 KiB.
-    pub fn encode(&self) -> Vec<u8> {
+    /// Bytes of the encoded checkpoint: header and body, padded to a multiple of 4 KiB.
+    pub fn encoded_len(&self) -> u64 {
+        (HEADER_LEN as u64 + self.body_len()).next_multiple_of(4096)
+    }
+
+    /// Encodes the checkpoint into `out` ([`Frame::encoded_len`] bytes), in one pass over the
+    /// entries. Fails, leaving `out` unusable, if `out` has the wrong length or `entries` yields
+    /// other than `entry_count` entries.
+    pub fn encode_into(
+        &self,
+        entries: impl Iterator<Item = CheckpointEntry>,
+        out: &mut [u8],
+    ) -> Result<(), FormatError> {
+        if out.len() as u64 != self.encoded_len() {
+            return Err(FormatError::Invalid(format!(
+                "checkpoint buffer of {} bytes for {} bytes",
+                out.len(),
+                self.encoded_len()
+            )));
+        }
         let body_len = self.body_len() as usize;
-        let total = (HEADER_LEN + body_len).next_multiple_of(4096);
-        let mut out = vec![0u8; total];
-        let body = &mut out[HEADER_LEN..HEADER_LEN + body_len];
+        let (h, rest) = out.split_at_mut(HEADER_LEN);
+        let (body, padding) = rest.split_at_mut(body_len);
+        padding.fill(0);
         let mut at = 0;
-        for seg in &self.free {
+        for seg in self.free {
             le::put_u32(body, at, *seg);
             at += 4;
         }
-        for e in &self.entries {
+        let entries_end = at + (self.entry_count * ENTRY_LEN) as usize;
+        for e in entries {
+            if at == entries_end {
+                return Err(FormatError::Invalid(format!(
+                    "more than the {} checkpoint entries announced",
+                    self.entry_count
+                )));
+            }
             le::put_u32(body, at, e.slot);
             le::put_u32(body, at + 4, e.crc);
             le::put_u64(body, at + 8, e.lba | if e.dirty { LBA_DIRTY } else { 0 });
             at += ENTRY_LEN as usize;
         }
-        for &(lba, n) in &self.lost {
+        if at != entries_end {
+            return Err(FormatError::Invalid(format!(
+                "fewer than the {} checkpoint entries announced",
+                self.entry_count
+            )));
+        }
+        for &(lba, n) in self.lost {
             le::put_u64(body, at, lba);
             le::put_u64(body, at + 8, n);
             at += ENTRY_LEN as usize;
         }
         let body_crc = crc32c::crc32c(body);
-        let h = &mut out[..HEADER_LEN];
+        h.fill(0);
         h[0..8].copy_from_slice(MAGIC);
         le::put_u32(h, 8, FORMAT_VERSION);
         le::put_u64(h, 16, self.number);
@@ -139,13 +191,42 @@ impl Checkpoint {
         let (seg, used) = self.open.map_or((NO_SEGMENT, 0), |o| (o.segment, o.used));
         le::put_u32(h, 40, seg);
         le::put_u32(h, 44, used);
-        le::put_u64(h, 48, self.entries.len() as u64);
+        le::put_u64(h, 48, self.entry_count);
         le::put_u32(h, 56, self.free.len() as u32);
         le::put_u32(h, 60, self.lost.len() as u32);
         le::put_u64(h, 64, body_len as u64);
         le::put_u32(h, 72, body_crc);
         let crc = crc32c::crc32c(&h[..HEADER_LEN - 4]);
         le::put_u32(h, HEADER_LEN - 4, crc);
+        Ok(())
+    }
+}
+
+impl Checkpoint {
+    fn frame(&self) -> Frame<'_> {
+        Frame {
+            number: self.number,
+            next_seq: self.next_seq,
+            epoch: self.epoch,
+            open: self.open,
+            free: &self.free,
+            entry_count: self.entries.len() as u64,
+            lost: &self.lost,
+        }
+    }
+
+    /// Bytes its body takes once encoded.
+    pub fn body_len(&self) -> u64 {
+        self.frame().body_len()
+    }
+
+    /// Header and body, padded with zeroes to a multiple of 4 KiB.
+    pub fn encode(&self) -> Vec<u8> {
+        let frame = self.frame();
+        let mut out = vec![0u8; frame.encoded_len() as usize];
+        frame
+            .encode_into(self.entries.iter().copied(), &mut out)
+            .expect("the buffer and the entry count come from the checkpoint itself");
         out
     }
 
@@ -337,6 +418,32 @@ mod tests {
             Checkpoint::decode_body(&h, &bytes[HEADER_LEN..]).unwrap(),
             c
         );
+    }
+
+    #[test]
+    fn a_frame_refuses_entries_other_than_announced() {
+        let c = sample();
+        let frame = Frame {
+            entry_count: 3,
+            ..c.frame()
+        };
+        let mut out = vec![0u8; frame.encoded_len() as usize];
+        assert!(frame
+            .encode_into(c.entries.iter().copied(), &mut out)
+            .is_err());
+        let frame = Frame {
+            entry_count: 1,
+            ..c.frame()
+        };
+        let mut out = vec![0u8; frame.encoded_len() as usize];
+        assert!(frame
+            .encode_into(c.entries.iter().copied(), &mut out)
+            .is_err());
+        let mut short = vec![0u8; 4096];
+        assert!(c
+            .frame()
+            .encode_into(c.entries.iter().copied(), &mut short)
+            .is_err());
     }
 
     #[test]
