@@ -55,6 +55,14 @@ pub(crate) fn intact(data: &[u8], crc: u32) -> bool {
     crc32c::crc32c(data) == crc
 }
 
+/// Checks a block of `lba` read from `slot` into `block` against `crc`, and handles it as
+/// [`bad_block`] does if it fails. What the log writer checks with, after a failed sync.
+pub(crate) fn check_block(e: &Engine, lba: u64, slot: u32, crc: u32, block: &mut [u8]) {
+    if !intact(block, crc) {
+        bad_block(e, lba, slot, crc, block);
+    }
+}
+
 /// Handles a block of `lba` read from `slot` into `block` that did not match `crc`. The slot's
 /// segment must still be pinned by the caller.
 pub(crate) fn bad_block(e: &Engine, lba: u64, slot: u32, crc: u32, block: &mut [u8]) -> Verdict {

@@ -156,7 +156,7 @@ impl Cache {
         mode: Option<Mode>,
     ) -> Result<Cache, EngineError> {
         let (e, start, report) = engine::open_engine(cache, backing.clone(), identity, mode)?;
-        let writer = Writer::new(e.clone(), &start);
+        let writer = Writer::new(e.clone(), &start, crate::integrity::check_block);
         let writer = writer.spawn();
         let reclaimer = crate::reclaim::spawn(e.clone());
         let cleaner = crate::writeback::spawn(e.clone());
