@@ -126,10 +126,10 @@ fn writes_and_flushes_go_on_while_a_checkpoint_is_written() {
     // An eighth of the cache written makes a checkpoint due.
     let mut seed = 0;
     let limit = Duration::from_secs(20);
-    while !slow.wait_parked(Duration::ZERO) {
-        assert!(seed < 100_000, "no checkpoint was written");
-        let data = pattern(seed, BS as usize);
-        let lba = seed % blocks;
+    // Writes block `seed % blocks` with `seed`'s pattern, failing if it waits for a checkpoint.
+    let mut write_next = |seed: &mut u64| {
+        let data = pattern(*seed, BS as usize);
+        let lba = *seed % blocks;
         let cc = c.clone();
         let done = within(limit, move || cc.write_at(&data, lba * BS, false));
         if done.is_none() {
@@ -138,24 +138,17 @@ fn writes_and_flushes_go_on_while_a_checkpoint_is_written() {
         }
         done.unwrap().unwrap();
         expected[(lba * BS) as usize..((lba + 1) * BS) as usize]
-            .copy_from_slice(&pattern(seed, BS as usize));
-        seed += 1;
+            .copy_from_slice(&pattern(*seed, BS as usize));
+        *seed += 1;
+    };
+    while !slow.wait_parked(Duration::ZERO) {
+        assert!(seed < 100_000, "no checkpoint was written");
+        write_next(&mut seed);
     }
     let checkpoints = c.stats().checkpoints;
     // The checkpoint write is parked: writes and a FLUSH must not wait for it.
     for _ in 0..64 {
-        let data = pattern(seed, BS as usize);
-        let lba = seed % blocks;
-        let cc = c.clone();
-        let done = within(limit, move || cc.write_at(&data, lba * BS, false));
-        if done.is_none() {
-            slow.release();
-            panic!("a write waited for the checkpoint being written");
-        }
-        done.unwrap().unwrap();
-        expected[(lba * BS) as usize..((lba + 1) * BS) as usize]
-            .copy_from_slice(&pattern(seed, BS as usize));
-        seed += 1;
+        write_next(&mut seed);
     }
     let cc = c.clone();
     let flushed = within(limit, move || cc.flush());

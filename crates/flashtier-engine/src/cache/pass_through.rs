@@ -5,6 +5,8 @@
 use std::io;
 use std::sync::atomic::Ordering;
 
+use parking_lot::RwLockReadGuard;
+
 use crate::guards::BusyRange;
 use crate::health::BackingOp;
 use crate::integrity::IntegrityError;
@@ -51,14 +53,15 @@ impl Cache {
         fua: bool,
         busy: Option<&mut BusyRange<'_>>,
     ) -> io::Result<()> {
-        let _order = self.e.backing_order.read();
-        self.backing_write_held(buf, offset, fua, busy)
+        let order = self.e.backing_order.read();
+        self.backing_write_held(&order, buf, offset, fua, busy)
     }
 
     /// [`Cache::backing_write`] for a caller that holds `Engine::backing_order` already (a second
     /// read lock could wait behind a cleaning pass queued meanwhile, which waits for the first).
     pub(super) fn backing_write_held(
         &self,
+        _order: &RwLockReadGuard<'_, ()>,
         buf: &[u8],
         offset: u64,
         fua: bool,

@@ -46,7 +46,7 @@ impl Cache {
         for &(first, n) in runs {
             self.append_invalidate(lba + first, n)?;
         }
-        let _order = e.backing_order.read();
+        let order = e.backing_order.read();
         let _kept = invalidated();
         // As a system request: a client sync waits while client records wait for log space, and
         // the reclaim they wait for may need a cleaning pass, which waits for `backing_order`.
@@ -54,7 +54,7 @@ impl Cache {
         for (&(first, n), busy) in runs.iter().zip(&mut busy) {
             Stats::add(&e.stats.write_blocks, n);
             let part = &data[(first * bs) as usize..((first + n) * bs) as usize];
-            self.backing_write_held(part, (lba + first) * bs, fua, Some(busy))?;
+            self.backing_write_held(&order, part, (lba + first) * bs, fua, Some(busy))?;
         }
         Ok(())
     }
