@@ -30,7 +30,9 @@
 //! the other one used; the next superblock write and the next checkpoint (which the opener writes
 //! at once) repair it. Replaying from the older checkpoint may meet the log in segments the
 //! newer one freed: then the first block of every segment is scanned for the log's continuation
-//! (see `Walk::next_segment`).
+//! (see `Walk::next_segment`). When that continuation's first header is the damaged one, its copy
+//! is in the next header of its segment or, if its batch filled the segment, in the first header
+//! of another: then the records the copy describes name the damaged segment by their checksums.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -526,11 +528,81 @@ impl<'a> Walk<'a> {
             .chain((0..self.geo.segment_count).filter(|&s| Some(s) != front))
             .filter(|&s| !self.entered[s as usize])
             .collect();
-        order.into_iter().find(|&seg| {
+        let in_segment = order.iter().copied().find(|&seg| {
             let (r, _) = self.read(seg, 0);
             (Some(seg) == front || !r.own.as_ref().is_ok_and(|h| h.log == self.log))
                 && matches!(self.successor(seg, 0, false), Some((s, _, Some(_))) if s == seg)
+        });
+        in_segment.or_else(|| self.segment_a_copy_elsewhere_describes(&order))
+    }
+
+    /// [`Walk::segment_with_damaged_first_header`] when the damaged header's batch filled its
+    /// segment (or it was a seal there): the header carrying its copy is the first of the
+    /// segment the log went on in, so nothing in the damaged segment itself tells which one it
+    /// was. The copy does: the damaged segment is the one holding the data it describes (any
+    /// one record's checksum is enough, so a damaged record does not hide it). A copy with no
+    /// data (a seal) names no segment: then only when exactly one candidate's first block is
+    /// not a header of this log.
+    fn segment_a_copy_elsewhere_describes(&mut self, order: &[u32]) -> Option<u32> {
+        let bps = self.bps();
+        let (went_on, copy) = order.iter().copied().find_map(|s| {
+            let (r, _) = self.read(s, 0);
+            let h = r.own.ok()?;
+            let prev = BatchHeader::decode_prev(&self.block).ok()?;
+            let fills_segment = prev.kind == HeaderKind::Seal
+                || (prev.kind == HeaderKind::Batch && 1 + prev.data_blocks() == bps);
+            (fills_segment && self.copy_continues(&h, &prev)).then_some((s, prev))
+        })?;
+        let candidates: Vec<u32> = order.iter().copied().filter(|&s| s != went_on).collect();
+        if copy.data_blocks() > 0 {
+            return candidates
+                .into_iter()
+                .find(|&seg| self.holds_data_of(seg, &copy));
+        }
+        let foreign: Vec<u32> = candidates
+            .into_iter()
+            .filter(|&seg| !self.read(seg, 0).0.own.is_ok_and(|h| h.log == self.log))
+            .collect();
+        match foreign[..] {
+            [seg] => Some(seg),
+            _ => None,
+        }
+    }
+
+    /// Whether some record of `copy` (a header at the start of `seg`) checks out against the
+    /// data in the blocks after it.
+    fn holds_data_of(&mut self, seg: u32, copy: &BatchHeader) -> bool {
+        let bs = self.geo.block_size as usize;
+        let mut data = AlignedBuf::new();
+        data.resize(copy.data_blocks() as usize * bs);
+        let first = self.geo.first_slot(seg) + 1;
+        if self
+            .dev
+            .read_at(&mut data, self.geo.slot_offset(first))
+            .is_err()
+        {
+            return false;
+        }
+        let mut at = 0;
+        copy.entries.iter().any(|e| {
+            let n = e.data_blocks() as usize * bs;
+            let bytes = &data[at..at + n];
+            at += n;
+            n > 0 && batch::data_crc(bytes) == e.data_crc
         })
+    }
+
+    /// Whether `prev`, the copy of the previous header that `h` carries, is the header the walk
+    /// expects next, and `h` its successor.
+    fn copy_continues(&self, h: &BatchHeader, prev: &BatchHeader) -> bool {
+        h.log == self.log
+            && h.epoch >= self.epoch
+            && prev.seq_first == self.expected
+            && prev.log == self.log
+            && prev.epoch >= self.epoch
+            && prev.kind != HeaderKind::Note
+            && h.seq_first == prev.seq_end()
+            && self.entries_sane(prev)
     }
 
     /// After an unreadable header at block `at` of `seg`: the header that follows it, found by
@@ -599,14 +671,7 @@ impl<'a> Walk<'a> {
                     // At the damaged block, or after it when that one carried no records.
                     let in_place =
                         copy_place(seg, at, s, p, &prev, self.bps()) != CopyPlace::Elsewhere;
-                    if prev.seq_first == self.expected
-                        && prev.log == self.log
-                        && prev.epoch >= self.epoch
-                        && prev.kind != HeaderKind::Note
-                        && h.seq_first == prev.seq_end()
-                        && in_place
-                        && self.entries_sane(&prev)
-                    {
+                    if in_place && self.copy_continues(&h, &prev) {
                         let mut own = Box::new([0u8; OWN_LEN]);
                         own.copy_from_slice(&block[OWN_LEN..2 * OWN_LEN]);
                         found = Some((s, p, Some((prev, own))));
@@ -1231,6 +1296,119 @@ mod tests {
             });
             rx.recv_timeout(Duration::from_secs(20))
                 .unwrap_or_else(|_| panic!("round {round}: the walk did not end"));
+        }
+    }
+
+    /// A formatted 1 MiB device (16-block segments) and its log id.
+    fn small_device() -> (MemDev, Geometry, u64) {
+        let dev = MemDev::new(1 << 20);
+        let ident = BackingIdentity {
+            size: 8 << 20,
+            name: "test-backing".into(),
+            fingerprint: Vec::new(),
+        };
+        let opts = FormatOptions {
+            segment_size: 64 << 10,
+            ..Default::default()
+        };
+        let sb = crate::format(&dev, ident, opts).unwrap();
+        (dev, sb.geometry, batch::log_id(&sb.uuid))
+    }
+
+    /// Replaying from an older checkpoint, the first header of the segment the log went on in
+    /// damaged, its batch filling that segment: the header carrying its copy starts yet another
+    /// segment. Other segments start with a stale header of this log and with nothing; the
+    /// checkpoint's next free segment is one of them. The walk finds the damaged segment by the
+    /// copy's data and goes on through the header after it. Before: only a copy in the damaged
+    /// segment itself was looked for, and the log ended at the damaged batch although the header
+    /// after it vouched that it was synced (found by the power-loss campaign in CI).
+    #[test]
+    fn a_damaged_first_header_is_found_from_a_copy_in_another_segment() {
+        let (dev, geo, log) = small_device();
+        let bs = geo.block_size as usize;
+        let bps = geo.blocks_per_segment();
+        let header_at = |seg: u32, at: u32| geo.slot_offset(geo.first_slot(seg) + at);
+        let put = |h: &BatchHeader, prev: &[u8; OWN_LEN], seg: u32, at: u32| {
+            let mut block = vec![0u8; bs];
+            h.encode(prev, &mut block);
+            dev.write_at(&block, header_at(seg, at), false).unwrap();
+            let mut own = [0u8; OWN_LEN];
+            own.copy_from_slice(&block[..OWN_LEN]);
+            own
+        };
+        let header = |seq_first: u64, entries: Vec<batch::Entry>| BatchHeader {
+            seq_first,
+            epoch: 1,
+            kind: HeaderKind::Batch,
+            durable: seq_first,
+            log,
+            entries,
+            ordinal: 0,
+        };
+        let (expected, damaged, went_on, stale, empty) = (20, 6, 3, 9, 11);
+        // Three writes of 5 blocks fill the damaged segment.
+        let mut entries = Vec::new();
+        for i in 0..3u32 {
+            let data: Vec<u8> = (0..5 * bs).map(|b| (b as u32 * 7 + i) as u8).collect();
+            dev.write_at(&data, header_at(damaged, 1 + 5 * i), false)
+                .unwrap();
+            entries.push(batch::Entry {
+                kind: Kind::Write,
+                dirty: true,
+                lba: 5 * i as u64,
+                nblocks: 5,
+                aux: 0,
+                volume: 0,
+                data_crc: batch::data_crc(&data),
+            });
+        }
+        assert_eq!(1 + 15, bps);
+        let big = put(&header(expected, entries), &[0; OWN_LEN], damaged, 0);
+        // The header after it: an empty batch vouching for it, then one more record.
+        let vouch = put(&header(expected + 3, Vec::new()), &big, went_on, 0);
+        let invalidate = batch::Entry {
+            kind: Kind::Invalidate,
+            dirty: false,
+            lba: 40,
+            nblocks: 1,
+            aux: 0,
+            volume: 0,
+            data_crc: 0,
+        };
+        put(&header(expected + 3, vec![invalidate]), &vouch, went_on, 1);
+        put(&header(expected - 10, Vec::new()), &[0; OWN_LEN], stale, 0);
+        dev.write_at(&vec![0u8; bs], header_at(empty, 0), false)
+            .unwrap();
+        // One flipped byte in the damaged header's own half.
+        let mut b = [0u8; 1];
+        dev.read_at(&mut b, header_at(damaged, 0) + 100).unwrap();
+        dev.write_at(&[b[0] ^ 0x5a], header_at(damaged, 0) + 100, false)
+            .unwrap();
+
+        for front in [empty, stale, damaged] {
+            let free: VecDeque<u32> = [front, damaged, went_on, stale, empty]
+                .into_iter()
+                .fold(Vec::new(), |mut v, s| {
+                    if !v.contains(&s) {
+                        v.push(s);
+                    }
+                    v
+                })
+                .into();
+            let mut walk = Walk::new(&dev, geo, log, 2048, free, None, (expected, 1), true);
+            walk.run();
+            assert_eq!(
+                walk.expected,
+                expected + 4,
+                "front {front}: {:?}",
+                walk.steps
+            );
+            assert!(walk.durable >= expected + 3, "front {front}");
+            let from_copy = walk.steps.iter().any(|s| {
+                matches!(s, Step::Batch { at: 0, header, from_copy: true, .. }
+                    if header.seq_first == expected)
+            });
+            assert!(from_copy, "front {front}: {:?}", walk.steps);
         }
     }
 }
