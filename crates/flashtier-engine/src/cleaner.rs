@@ -22,12 +22,19 @@
 //! and marks nothing clean.
 //!
 //! Who runs passes: reclaim (a victim's dirty blocks), `write_back_all` (flush, mode switch),
-//! write-zeroes (dirty blocks in its range) and the background cleaner (`writeback`), which
-//! chooses small passes so the exclusive lock below is held briefly.
+//! write-zeroes (dirty blocks in its range) and the background cleaner (`writeback`). Passes run
+//! one at a time (`Engine::passes`).
 //!
-//! Passes are exclusive with writes that go around the cache (`Engine::backing_order`): a pass
-//! that read an old version of a block must not land on the backing store after a newer version
-//! written straight there.
+//! A pass must not land an old version of a block on the backing store after a newer version
+//! written straight there (write-through, write-around, trim, write-zeroes). Those writes hold
+//! their blocks in `Engine::backing_ranges` (shared) from their INVALIDATE, or their record, until
+//! the backing store has them; a pass holds each run (exclusive) only while it writes that run,
+//! and reads each block's version as the index maps it then, not as it was chosen: one
+//! invalidated since is skipped, one cached anew is written in its new version. So a pass waits
+//! only for writes of the same blocks, and writes of other blocks never wait for a pass (before,
+//! one lock for the whole pass stalled every write around the cache for its length). A version
+//! newer than the pass's sync in step 1 is made durable by another sync before it is written
+//! back (see `read_current`); only the blocks written back are counted.
 
 use std::io;
 use std::ops::Range;
@@ -68,8 +75,8 @@ impl PassIo {
     }
 }
 
-/// Cleans the dirty blocks chosen by `select` (called with the state locked for reading, under
-/// the pass's exclusive lock, so no bypass write is in flight). Returns blocks written back.
+/// Cleans the dirty blocks chosen by `select` (called with the state locked for reading).
+/// Returns blocks written back.
 ///
 /// When `cancel` is set during the pass, it stops before the next backing write, flushes the
 /// backing store and marks clean only what it wrote (the blocks of the runs written so far).
@@ -88,21 +95,24 @@ pub(crate) fn clean_pass_with(
     cancel: Option<&AtomicBool>,
     pass_io: PassIo,
 ) -> io::Result<u64> {
-    let _exclusive = e.backing_order.write();
-    let (blocks, generations) = {
+    // Chosen before waiting for another pass: a choice gone stale meanwhile is harmless (each
+    // block is looked up again when its run is written), and a pass with nothing to do never
+    // waits.
+    let (blocks, crcs) = {
         let st = e.state.read();
         let mut blocks = select(&st);
         blocks.sort_unstable();
         blocks.dedup_by_key(|b| b.lba);
-        let generations = generations_of(e, &st, &blocks);
-        (blocks, generations)
+        let crcs: Vec<u32> = blocks.iter().map(|b| st.crcs[b.slot as usize]).collect();
+        (blocks, crcs)
     };
     if blocks.is_empty() {
         return Ok(0);
     }
+    let _one_pass = e.passes.lock();
     e.log.sync_vouched(true)?;
     let backing_errors = e.stats.backing_errors.load(Ordering::Relaxed);
-    let result = write_back(e, &blocks, &generations, cancel, pass_io);
+    let result = write_back(e, &blocks, &crcs, cancel, pass_io);
     match &result {
         Ok(n) if *n > 0 => e.backing_health.write_succeeded(),
         Ok(_) => {}
@@ -138,14 +148,16 @@ fn runs_of(blocks: &[DirtyBlock], per_write: usize) -> Vec<Range<usize>> {
 fn write_back(
     e: &Engine,
     blocks: &[DirtyBlock],
-    generations: &[u64],
+    crcs: &[u32],
     cancel: Option<&AtomicBool>,
     pass_io: PassIo,
 ) -> io::Result<u64> {
     let bs = e.geo.block_size as u64;
     let runs = runs_of(blocks, (pass_io.max_io / bs).max(1) as usize);
     let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Acquire));
-    let done: Vec<AtomicBool> = runs.iter().map(|_| AtomicBool::new(false)).collect();
+    // Per run, the versions of its blocks that reached the backing store (empty until the run
+    // is done).
+    let landed: Vec<Mutex<Vec<Version>>> = runs.iter().map(|_| Mutex::new(Vec::new())).collect();
     let next = AtomicUsize::new(0);
     let stop = AtomicBool::new(false);
     let failure: Mutex<Option<io::Error>> = Mutex::new(None);
@@ -165,31 +177,32 @@ fn write_back(
                 return;
             }
             let k = next.fetch_add(1, Ordering::AcqRel);
-            let Some(run) = runs.get(k) else { return };
-            let run = &blocks[run.clone()];
+            let Some(range) = runs.get(k) else { return };
+            let run = &blocks[range.clone()];
             let len = run.len() * bs as usize;
             let buf = match &mut buf {
                 Some(b) if b.len() >= len => b,
                 b => b.insert(AlignedBuf::zeroed(len)),
             };
-            // Blocks that failed their checksum are not written back (a dirty one is lost now:
-            // the backing store keeps its older copy, which reads never return).
-            let result = read_slots(e, run, &mut buf[..len]).and_then(|good| {
-                for part in good_stretches(&good) {
-                    let bytes = &buf[part.start * bs as usize..part.end * bs as usize];
-                    e.backing
-                        .write_at(bytes, run[part.start].lba * bs, false)
-                        .inspect_err(|err| e.backing_failed(BackingOp::Write, err))?;
-                    Stats::add(&e.stats.backing_writes, 1);
-                    Stats::add(&e.stats.backing_write_bytes, bytes.len() as u64);
-                    Stats::add(&e.stats.cleaner_writes, 1);
-                }
-                Ok(())
-            });
+            // No write straight to the backing store of these blocks is in flight while this is
+            // held, and none starts.
+            let _run_held = e.backing_ranges.lock(run[0].lba, run.len() as u64, true);
+            let result =
+                read_current(e, run, &crcs[range.clone()], &mut buf[..len]).and_then(|current| {
+                    let good: Vec<bool> = current.iter().map(Option::is_some).collect();
+                    for part in good_stretches(&good) {
+                        let bytes = &buf[part.start * bs as usize..part.end * bs as usize];
+                        e.backing
+                            .write_at(bytes, run[part.start].lba * bs, false)
+                            .inspect_err(|err| e.backing_failed(BackingOp::Write, err))?;
+                        Stats::add(&e.stats.backing_writes, 1);
+                        Stats::add(&e.stats.backing_write_bytes, bytes.len() as u64);
+                        Stats::add(&e.stats.cleaner_writes, 1);
+                    }
+                    Ok(current.into_iter().flatten().collect())
+                });
             match result {
-                Ok(()) => {
-                    done[k].store(true, Ordering::Release);
-                }
+                Ok(versions) => *landed[k].lock() = versions,
                 Err(err) => {
                     stop.store(true, Ordering::Release);
                     failure.lock().get_or_insert(err);
@@ -212,15 +225,13 @@ fn write_back(
     if let Some(err) = failure.into_inner() {
         return Err(err);
     }
-    // What was written: everything unless cancelled (then the runs finished before the stop).
-    let mut written = Vec::with_capacity(blocks.len());
-    let mut written_generations = Vec::with_capacity(blocks.len());
-    for (run, done) in runs.iter().zip(&done) {
-        if done.load(Ordering::Acquire) {
-            written.extend_from_slice(&blocks[run.clone()]);
-            written_generations.extend_from_slice(&generations[run.clone()]);
-        }
-    }
+    // What was written: every version that landed, of every run done (all of them unless
+    // cancelled). A block skipped is not counted: it stays dirty for a later pass.
+    let (written, written_generations): (Vec<DirtyBlock>, Vec<u64>) = landed
+        .into_iter()
+        .flat_map(|l| l.into_inner())
+        .map(|v| (v.block, v.generation))
+        .unzip();
     if written.is_empty() {
         return Ok(0);
     }
@@ -290,51 +301,120 @@ pub(crate) fn mark_clean(e: &Engine, blocks: &[DirtyBlock], generations: &[u64])
     }
 }
 
-/// Reads the blocks of `run` (slots anywhere) into `buf`, one device read per stretch of
-/// consecutive slots, and checks each against its checksum (see `integrity`). The segments are
-/// pinned while they are read. Returns, per block, whether it holds good data: a block that
-/// failed (dropped, lost, or moved on meanwhile) must not be written back or copied.
-pub(crate) fn read_slots(e: &Engine, run: &[DirtyBlock], buf: &mut [u8]) -> io::Result<Vec<bool>> {
+/// A version of a block: where it lives, its segment's generation then (a slot is written once
+/// per generation: the log only appends), and its data's checksum.
+#[derive(Debug, Clone, Copy)]
+struct Version {
+    block: DirtyBlock,
+    generation: u64,
+    crc: u32,
+}
+
+/// Reads the blocks of `run` (consecutive addresses) into `buf` as the cache holds them now, one
+/// device read per stretch of consecutive slots, each checked against its checksum (see
+/// `integrity`). `chosen_crcs` are the checksums of the versions the pass chose. Returns, per
+/// block, the version read, or None for a block not to write back: clean or uncached now,
+/// failed its checksum, or rewritten while this ran.
+///
+/// The caller holds the run's blocks, so no write of them straight to the backing store is in
+/// flight: one that happened since the pass chose them has updated the index (invalidated the
+/// block, or cached its new version), and reading what the index maps now never lands an older
+/// version over it.
+///
+/// A version written back must be durable in the log (see the module's documentation). The pass
+/// synced the log before its first run, which covers the versions it chose. Reclaim may have
+/// copied one forward since (often, in a small busy cache: a segment can be reused within one
+/// sync): the copy holds the same data, so it is told by its checksum, as recovery tells a
+/// record's data, and read where it is now. A block rewritten since is another version: the log
+/// is synced again first, and a block rewritten once more during that sync is skipped. No
+/// segment is pinned across the sync (a checkpoint on the log's thread waits for pinned
+/// segments).
+fn read_current(
+    e: &Engine,
+    run: &[DirtyBlock],
+    chosen_crcs: &[u32],
+    buf: &mut [u8],
+) -> io::Result<Vec<Option<Version>>> {
     let bs = e.geo.block_size as usize;
-    let mut good = Vec::with_capacity(run.len());
+    let version_of = |st: &State, lba: u64| {
+        dirty_at(st, lba).map(|block| Version {
+            block,
+            generation: st.segs.generation(e.geo.segment_of(block.slot)),
+            crc: st.crcs[block.slot as usize],
+        })
+    };
+    let looked_up: Vec<Option<Version>> = {
+        let st = e.state.read();
+        run.iter().map(|b| version_of(&st, b.lba)).collect()
+    };
+    let rewritten = looked_up
+        .iter()
+        .zip(chosen_crcs)
+        .any(|(v, &chosen)| v.is_some_and(|v| v.crc != chosen));
+    if rewritten {
+        e.log.sync_vouched(true)?;
+    }
+    let (mut current, pinned) = {
+        let st = e.state.read();
+        let current: Vec<Option<Version>> = looked_up
+            .iter()
+            .zip(chosen_crcs)
+            .map(|(before, &chosen)| {
+                let before = (*before)?;
+                let now = version_of(&st, before.block.lba)?;
+                let durable = now.crc == chosen || (rewritten && now.crc == before.crc);
+                durable.then_some(now)
+            })
+            .collect();
+        let mut pinned: Vec<u32> = current
+            .iter()
+            .flatten()
+            .map(|v| e.geo.segment_of(v.block.slot))
+            .collect();
+        pinned.sort_unstable();
+        pinned.dedup();
+        for &s in &pinned {
+            st.segs.reader_enter(s);
+        }
+        (current, pinned)
+    };
+    let mut result = Ok(());
     let mut i = 0;
-    while i < run.len() {
+    while i < run.len() && result.is_ok() {
+        let Some(first) = current[i] else {
+            i += 1;
+            continue;
+        };
         let mut j = i + 1;
-        while j < run.len() && run[j].slot == run[j - 1].slot + 1 {
+        while j < run.len()
+            && current[j].is_some_and(|v| v.block.slot == first.block.slot + (j - i) as u32)
+        {
             j += 1;
         }
-        let (segs, crcs) = {
-            let st = e.state.read();
-            let mut v: Vec<u32> = run[i..j].iter().map(|b| e.geo.segment_of(b.slot)).collect();
-            v.dedup();
-            for &s in &v {
-                st.segs.reader_enter(s);
-            }
-            let crcs: Vec<u32> = run[i..j].iter().map(|b| st.crcs[b.slot as usize]).collect();
-            (v, crcs)
-        };
         let part = &mut buf[i * bs..j * bs];
-        let result = e.cache.read_at(part, e.geo.slot_offset(run[i].slot));
+        result = e.cache.read_at(part, e.geo.slot_offset(first.block.slot));
         if result.is_ok() {
-            for ((block, b), crc) in part.chunks_mut(bs).zip(&run[i..j]).zip(crcs) {
-                good.push(
-                    integrity::intact(block, crc)
-                        || integrity::bad_block(e, b.lba, b.slot, crc, block) == Verdict::Repaired,
-                );
+            Stats::add(&e.stats.cache_reads, 1);
+            Stats::add(&e.stats.cache_read_bytes, ((j - i) * bs) as u64);
+            for (k, block) in (i..j).zip(part.chunks_mut(bs)) {
+                let Version { block: b, crc, .. } = current[k].expect("in a stretch");
+                let good = integrity::intact(block, crc)
+                    || integrity::bad_block(e, b.lba, b.slot, crc, block) == Verdict::Repaired;
+                if !good {
+                    current[k] = None;
+                }
             }
         }
-        {
-            let st = e.state.read();
-            for &s in &segs {
-                st.segs.reader_exit(s);
-            }
-        }
-        result.inspect_err(|_| Stats::add(&e.stats.cache_errors, 1))?;
-        Stats::add(&e.stats.cache_reads, 1);
-        Stats::add(&e.stats.cache_read_bytes, ((j - i) * bs) as u64);
         i = j;
     }
-    Ok(good)
+    {
+        let st = e.state.read();
+        for &s in &pinned {
+            st.segs.reader_exit(s);
+        }
+    }
+    result.inspect_err(|_| Stats::add(&e.stats.cache_errors, 1))?;
+    Ok(current)
 }
 
 /// Passes over what stayed dirty after a full write-back, at most: see [`write_back_all`].

@@ -74,7 +74,7 @@ impl Cache {
         let discarded_blocks = {
             // No write can make a block dirty while this is held (writes hold it shared, and
             // decide what to do by the mode while they hold it).
-            let _no_writes = e.rmw.write();
+            let _no_writes = e.writes_gate.write();
             let status = self.status();
             let dirty = status.dirty_blocks;
             if dirty > 0 && !discard_dirty {

@@ -46,11 +46,18 @@ pub struct Engine {
     pub(crate) superblock: Mutex<Superblock>,
     mode: AtomicU8,
     reclaim_policy: AtomicU8,
-    /// Shared by whole-block writes, exclusive for read-modify-writes of partial blocks.
-    pub(crate) rmw: RwLock<()>,
-    /// Shared by writes that go straight to the backing store, exclusive for a cleaning pass
-    /// (see `cleaner`).
-    pub(crate) backing_order: RwLock<()>,
+    /// Shared by every client write while it decides by the mode and carries it out; exclusive
+    /// for what needs no write in flight (a mode switch, detach, forget-lost).
+    pub(crate) writes_gate: RwLock<()>,
+    /// The blocks each write holds (see `range_lock`): exclusively for a read-modify-write of
+    /// partial blocks, shared for whole blocks.
+    pub(crate) write_ranges: crate::range_lock::RangeLock,
+    /// The blocks a write straight to the backing store holds (shared) from its INVALIDATE on
+    /// until the backing store has it, and a cleaning pass holds (exclusive) while it writes a
+    /// run of them back (see `cleaner`).
+    pub(crate) backing_ranges: crate::range_lock::RangeLock,
+    /// Cleaning passes run one at a time.
+    pub(crate) passes: Mutex<()>,
     /// The backing store was written (bypassing the cache) since it was last flushed.
     pub(crate) backing_unflushed: AtomicBool,
     /// FLUSHes take turns for the backing store's flush (see `Cache::flush`).
@@ -383,8 +390,10 @@ pub(crate) fn open_engine(
         superblock: Mutex::new(new_sb.clone()),
         mode: AtomicU8::new(mode.unwrap_or(new_sb.default_mode) as u8),
         reclaim_policy: AtomicU8::new(new_sb.reclaim as u8),
-        rmw: RwLock::new(()),
-        backing_order: RwLock::new(()),
+        writes_gate: RwLock::new(()),
+        write_ranges: Default::default(),
+        backing_ranges: Default::default(),
+        passes: Mutex::new(()),
         backing_unflushed: AtomicBool::new(false),
         backing_flush_turn: Mutex::new(()),
         reclaim_turn: Mutex::new(()),

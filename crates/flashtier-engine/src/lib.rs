@@ -54,6 +54,7 @@ mod layout;
 mod log;
 mod lost;
 mod policy;
+mod range_lock;
 mod reclaim;
 mod recover;
 mod scan;

@@ -217,7 +217,7 @@ impl Cache {
             self.write_back_all()?;
         }
         // Writes decide what to do by the mode when they start; this waits for those in flight.
-        let _no_writes_in_flight = self.e.rmw.write();
+        let _no_writes_in_flight = self.e.writes_gate.write();
         if !mode.keeps_dirty_data() {
             self.write_back_all()?;
         }
@@ -303,7 +303,7 @@ impl Cache {
         let forgotten = {
             // No write is in flight: an INVALIDATE of a range a write just landed in would
             // drop it.
-            let _no_writes = e.rmw.write();
+            let _no_writes = e.writes_gate.write();
             let ranges: Vec<(u64, u64)> = {
                 let st = e.state.read();
                 st.lost
@@ -476,7 +476,7 @@ impl BlockDev for Cache {
         let last = ((offset + len) / bs).min(e.cached_blocks).max(first);
         let mut busy = e.guards.busy(first, last - first);
         self.invalidate(first, last - first)?;
-        let _order = e.backing_order.read();
+        let _held = self.hold_for_backing(offset, len);
         e.backing_unflushed.store(true, Ordering::Release);
         busy.written_unflushed();
         let _fg = e.foreground_io();
@@ -512,7 +512,7 @@ impl BlockDev for Cache {
             cleaner::clean_pass(e, |st| cleaner::dirty_in_range(st, slots, first, n), None)?;
             let mut busy = e.guards.busy(first, n);
             self.invalidate(first, n)?;
-            let _order = e.backing_order.read();
+            let _held = self.hold_for_backing(first * bs, n * bs);
             let _fg = e.foreground_io();
             e.backing
                 .write_zeroes(first * bs, n * bs, opts)

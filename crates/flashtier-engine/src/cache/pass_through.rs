@@ -1,15 +1,14 @@
 //! The backing store, directly: pass-through reads and the uncached tail, and the backing writes
 //! of every mode that writes there (write-through, write-around, pass-through), each holding its
-//! `Engine::backing_order` (shared) so that no cleaning pass lands an older version over it.
+//! blocks in `Engine::backing_ranges` so that no cleaning pass lands an older version over it.
 
 use std::io;
 use std::sync::atomic::Ordering;
 
-use parking_lot::RwLockReadGuard;
-
 use crate::guards::BusyRange;
 use crate::health::BackingOp;
 use crate::integrity::IntegrityError;
+use crate::range_lock::RangeGuard;
 use crate::stats::Stats;
 
 use super::read::first_lost;
@@ -53,15 +52,24 @@ impl Cache {
         fua: bool,
         busy: Option<&mut BusyRange<'_>>,
     ) -> io::Result<()> {
-        let order = self.e.backing_order.read();
-        self.backing_write_held(&order, buf, offset, fua, busy)
+        let held = self.hold_for_backing(offset, buf.len() as u64);
+        self.backing_write_held(&held, buf, offset, fua, busy)
     }
 
-    /// [`Cache::backing_write`] for a caller that holds `Engine::backing_order` already (a second
-    /// read lock could wait behind a cleaning pass queued meanwhile, which waits for the first).
+    /// Holds the blocks under `offset..offset + len` in `backing_ranges` (shared): no cleaning
+    /// pass writes an older version of them back meanwhile.
+    pub(super) fn hold_for_backing(&self, offset: u64, len: u64) -> RangeGuard<'_> {
+        let bs = self.block_size();
+        let first = offset / bs;
+        self.e
+            .backing_ranges
+            .lock(first, (offset + len).div_ceil(bs) - first, false)
+    }
+
+    /// [`Cache::backing_write`] for a caller that holds the blocks already.
     pub(super) fn backing_write_held(
         &self,
-        _order: &RwLockReadGuard<'_, ()>,
+        _held: &RangeGuard<'_>,
         buf: &[u8],
         offset: u64,
         fua: bool,

@@ -4,7 +4,7 @@
 //! writes) then follow the plan and never look at the mode again, so a request is served in one
 //! mode from start to end.
 //!
-//! A write's plan is made under `Engine::rmw` (shared or exclusive), which a mode switch takes
+//! A write's plan is made under `Engine::writes_gate` (shared), which a mode switch takes
 //! exclusively: the mode it was planned in stays in force until the write is done. A read needs
 //! no such hold: a mode switch writes back and invalidates nothing a read could find stale.
 
@@ -92,7 +92,7 @@ impl Cache {
     }
 
     /// The plan of a write that `past_cutoff` says continues a stream past the cutoff. The
-    /// caller holds `rmw` (or checks the plan again once it does).
+    /// caller holds `writes_gate`.
     pub(super) fn plan_write(&self, past_cutoff: bool) -> WritePlan {
         match self.mode() {
             mode @ (Mode::WriteBack | Mode::WriteThrough) if past_cutoff => {

@@ -1,39 +1,41 @@
-//! What every cached write goes through before its mode's handler: the uncached tail,
-//! `Engine::rmw` (shared, or exclusive for a read-modify-write of partial blocks), and the
+//! What every cached write goes through before its mode's handler: the uncached tail, the
+//! write's blocks held in `Engine::write_ranges`, a read-modify-write for partial blocks, and the
 //! dispatch on the request's plan. Also the records every mode writes (WRITE, INVALIDATE).
 
 use std::io;
 
 use flashtier_io::AlignedBuf;
-use parking_lot::{RwLockReadGuard, RwLockWriteGuard};
 
 use crate::cleaner;
 use crate::layout::batch::Kind;
 use crate::log::Record;
 use crate::policy::Mode;
+use crate::range_lock::RangeGuard;
 use crate::state::DirtyBlock;
 use crate::stats::Stats;
 
 use super::plan::{Promote, WritePlan};
 use super::Cache;
 
-/// How a write holds `Engine::rmw` (shared by whole-block writes, exclusive for partial ones).
+/// How a write holds its blocks in `Engine::write_ranges` (shared by whole-block writes,
+/// exclusive for partial ones).
 pub(super) enum RmwHeld<'a> {
     /// Exclusively, by the caller, for the whole write (a read-modify-write).
     ByCaller,
     /// Exclusively, until the write's INVALIDATE is applied.
-    Exclusive(RwLockWriteGuard<'a, ()>),
+    Exclusive(RangeGuard<'a>),
     Shared {
-        _guard: RwLockReadGuard<'a, ()>,
+        _guard: RangeGuard<'a>,
     },
 }
 
 impl<'a> RmwHeld<'a> {
     pub(super) fn downgrade(self) -> RmwHeld<'a> {
         match self {
-            RmwHeld::Exclusive(g) => RmwHeld::Shared {
-                _guard: RwLockWriteGuard::downgrade(g),
-            },
+            RmwHeld::Exclusive(mut g) => {
+                g.downgrade();
+                RmwHeld::Shared { _guard: g }
+            }
             held => held,
         }
     }
@@ -74,33 +76,27 @@ impl Cache {
         let end = offset + buf.len() as u64;
         let first = offset / bs;
         let last = end.div_ceil(bs);
-        let whole = offset.is_multiple_of(bs) && end.is_multiple_of(bs);
-        // `rmw` is also what keeps the mode from changing: the plan is made under it, and made
-        // again if a mode switch came in between the guess that chose how to take it.
-        let (plan, held) = loop {
-            let guess = self.plan_write(past_cutoff);
-            // Exclusive only where `write_past_cutoff` needs it (see there), and for a
-            // read-modify-write.
-            let held = if !whole || guess == WritePlan::PastCutoff(Mode::WriteBack) {
-                RmwHeld::Exclusive(self.e.rmw.write())
-            } else {
-                RmwHeld::Shared {
-                    _guard: self.e.rmw.read(),
-                }
-            };
-            if self.plan_write(past_cutoff) == guess {
-                break (guess, held);
+        let ranges = &self.e.write_ranges;
+        let _gate = self.e.writes_gate.read();
+        let plan = self.plan_write(past_cutoff);
+        if offset.is_multiple_of(bs) && end.is_multiple_of(bs) {
+            if let WritePlan::PastCutoff(mode) = plan {
+                // Exclusive only where `write_past_cutoff` needs it (see there).
+                let exclusive = mode == Mode::WriteBack;
+                let guard = ranges.lock(first, last - first, exclusive);
+                let held = if exclusive {
+                    RmwHeld::Exclusive(guard)
+                } else {
+                    RmwHeld::Shared { _guard: guard }
+                };
+                return self.write_past_cutoff(mode, first, buf, fua, held);
             }
-        };
-        if whole {
-            return match plan {
-                WritePlan::PastCutoff(mode) => self.write_past_cutoff(mode, first, buf, fua, held),
-                plan => self.write_planned(plan, first, buf, fua),
-            };
+            let _shared = ranges.lock(first, last - first, false);
+            return self.write_planned(plan, first, buf, fua);
         }
         // A partial block: read what surrounds the write, patch, write whole blocks, excluding
-        // every other writer so nothing lands between the read and the write.
-        let _exclusive = held;
+        // every other writer of these blocks so nothing lands between the read and the write.
+        let _exclusive = ranges.lock(first, last - first, true);
         let mut data = AlignedBuf::zeroed(((last - first) * bs) as usize);
         if !offset.is_multiple_of(bs) {
             self.read_blocks(first, 1, &mut data[..bs as usize], Promote::Never)?;

@@ -23,12 +23,12 @@ impl Cache {
     /// `lba`. `invalidated` runs once the INVALIDATEs are applied, before they are synced; what
     /// it returns is kept until the backing writes are done.
     ///
-    /// `backing_order` is held from the INVALIDATEs on, not just for the backing writes: a
-    /// write-back write that lands in the cache on these blocks after the INVALIDATE is newer
-    /// than this one, and a cleaning pass must not write it back and mark it clean before this
-    /// write reaches the backing store under it. (Not before the INVALIDATEs: appending may wait
-    /// for reclaim, which may wait for a cleaning pass. The sync below is a system request for
-    /// the same reason.)
+    /// The blocks are held in `backing_ranges` from the INVALIDATEs on, not just for the backing
+    /// writes: a write-back write that lands in the cache on these blocks after the INVALIDATE is
+    /// newer than this one, and a cleaning pass must not write it back and mark it clean before
+    /// this write reaches the backing store under it. (Not before the INVALIDATEs: appending may
+    /// wait for reclaim, which may wait for a cleaning pass of these blocks. The sync below is a
+    /// system request for the same reason.)
     pub(super) fn write_around_runs<T>(
         &self,
         lba: u64,
@@ -46,15 +46,15 @@ impl Cache {
         for &(first, n) in runs {
             self.append_invalidate(lba + first, n)?;
         }
-        let order = e.backing_order.read();
+        let held = self.hold_for_backing(lba * bs, data.len() as u64);
         let _kept = invalidated();
         // As a system request: a client sync waits while client records wait for log space, and
-        // the reclaim they wait for may need a cleaning pass, which waits for `backing_order`.
+        // the reclaim they wait for may need a cleaning pass, which waits for these blocks.
         e.log.sync_vouched(true)?;
         for (&(first, n), busy) in runs.iter().zip(&mut busy) {
             Stats::add(&e.stats.write_blocks, n);
             let part = &data[(first * bs) as usize..((first + n) * bs) as usize];
-            self.backing_write_held(&order, part, (lba + first) * bs, fua, Some(busy))?;
+            self.backing_write_held(&held, part, (lba + first) * bs, fua, Some(busy))?;
         }
         Ok(())
     }
@@ -74,9 +74,9 @@ impl Cache {
     /// crossed the cutoff: from then on each request's first block was written around.)
     ///
     /// No write may make a block dirty between that check and its INVALIDATE. Write-back writes
-    /// are held off by `rmw`, held exclusively (`held`) until the INVALIDATEs are applied, then
-    /// shared like any whole-block write (so a partial-block write still cannot read these
-    /// blocks before the backing store has them). Write-through writes take the blocks' turn
+    /// of these blocks are held off by their range in `write_ranges`, held exclusively (`held`)
+    /// until the INVALIDATEs are applied, then shared like any whole-block write (so a
+    /// partial-block write still cannot read these blocks before the backing store has them). Write-through writes take the blocks' turn
     /// lock, held here until the backing writes are done, which also keeps the two in log order
     /// on the backing store.
     pub(super) fn write_past_cutoff(

@@ -56,7 +56,7 @@ use pi::{Pi, PiConfig};
 const TICK: Duration = Duration::from_millis(100);
 /// How often the controller updates its rate.
 const CONTROLLER_PERIOD: Duration = Duration::from_secs(1);
-/// Most backing writes per background pass: each pass holds `backing_order` exclusively.
+/// Most backing writes per background pass (passes run one at a time).
 pub(crate) const MAX_RUNS_PER_PASS: usize = 256;
 /// Backoff after a failed pass (as reclaim's).
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
