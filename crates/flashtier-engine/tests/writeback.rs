@@ -485,5 +485,11 @@ fn a_failing_backing_store_is_retried_and_nothing_is_dropped() {
     expect_block(&c, 63, 1);
     bdev.clear();
     assert!(eventually(15, || dirty(&c) == 0), "{:?}", c.status());
-    assert!(c.status().backing_degraded.is_none());
+    // The pass marks its blocks clean, then reports the store healthy: polled, not read once
+    // (read at once, it failed about once in a dozen runs).
+    assert!(
+        eventually(5, || c.status().backing_degraded.is_none()),
+        "{:?}",
+        c.status()
+    );
 }
