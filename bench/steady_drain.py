@@ -48,7 +48,9 @@ mean client IOPS, the standard deviation and coefficient of variation (CV) of pe
 the lowest second, the per-second p99 latency (median and p99 over the seconds), the dirty level
 at the start and end, and the slow disk's requests during the window. Targets (issue 5): the
 rate-controlled line is the flattest (lowest CV of per-second IOPS) and no lower on average (mean
-IOPS >= each other configuration's).
+IOPS >= each other configuration's); and (issue 11) paced, not bursty: over the seconds its
+controller holds the dirty level at its target (within 1% of the capacity), the p99 of the
+per-second p99 latency within 1.5x of their median (rerun with --runtime 120).
 
 Writes bench/results/steady_drain.{md,json,png}.
 """
@@ -58,6 +60,10 @@ import statistics
 import time
 
 import benchlib as bl
+
+# The rate controller holds the dirty level at its target while dirty is within this share of
+# the cache's capacity above it.
+AT_TARGET_PCT = 1.0
 
 # Held during the pre-fill, so every configuration starts from the same dirty level.
 HOLD = ["writeback_controller=off", "writeback_max_age_secs=0", "writeback_idle_delay_ms=0"]
@@ -227,6 +233,14 @@ def run_one(args, binary, work, img, cache_img, label, settings, params_ok):
                       "target_blocks": wb.get("target_blocks"),
                       "backing_writes": rep.get("counters", {}).get("backing_writes"),
                       "cleaner_writes": rep.get("counters", {}).get("cleaner_writes")})
+    # The per-second p99 of the seconds the rate controller held the dirty level at its target
+    # (state polled in that second, dirty within AT_TARGET_PCT of the capacity above the target):
+    # how evenly write-back at a steady rate takes its share of the slow disk.
+    at_target = {int(d["t"]) for d in dirty
+                 if d["state"] == "controller" and d["t"] >= 0 and d["dirty_blocks"] is not None
+                 and d["target_blocks"] is not None and d["capacity_blocks"]
+                 and d["dirty_blocks"] - d["target_blocks"] <= AT_TARGET_PCT / 100 * d["capacity_blocks"]}
+    ctl_p99s = [s[2] for s in whole if s[0] in at_target and s[2] == s[2]]
     b_st, a_st = bl.report_cache_status(before), bl.report_cache_status(after)
     states = {}
     for d in dirty:
@@ -237,6 +251,9 @@ def run_one(args, binary, work, img, cache_img, label, settings, params_ok):
         "min_iops": min(iops) if iops else float("nan"), "seconds": len(iops),
         "p99_median_us": statistics.median(p99s) if p99s else float("nan"),
         "p99_of_p99_us": bl.percentile(p99s, 99), "p99_max_us": max(p99s) if p99s else float("nan"),
+        "at_target_seconds": len(ctl_p99s),
+        "at_target_p99_median_us": statistics.median(ctl_p99s) if ctl_p99s else float("nan"),
+        "at_target_p99_of_p99_us": bl.percentile(ctl_p99s, 99) if ctl_p99s else float("nan"),
         "fio_read_p99_us": m["read"]["lat_p99_us"], "fio_write_p99_us": m["write"]["lat_p99_us"],
         "fio_iops": m["iops"], "read_iops": m["read"]["iops"], "write_iops": m["write"]["iops"],
         "dirty_pct_start": 100 * b_st["dirty_blocks"] / b_st["capacity_blocks"],
@@ -258,7 +275,8 @@ def report(args, machine, cfgs, runs, params_ok, elapsed):
     for label in labels:
         ss = [r["summary"] for r in runs[label]]
         agg[label] = bl.medians(ss, ["mean_iops", "stdev_iops", "cv", "min_iops", "p99_median_us", "p99_of_p99_us",
-                                     "p99_max_us", "fio_read_p99_us", "fio_write_p99_us", "dirty_pct_start",
+                                     "p99_max_us", "at_target_p99_median_us", "at_target_p99_of_p99_us",
+                                     "fio_read_p99_us", "fio_write_p99_us", "dirty_pct_start",
                                      "dirty_pct_end", "backing.read.ops", "backing.write.ops", "backing.write.bytes"])
     targets = []
     rate = "rate-controlled"
@@ -272,6 +290,13 @@ def report(args, machine, cfgs, runs, params_ok, elapsed):
         targets.append(("rate-controlled no lower on average: its mean IOPS ÷ the highest other mean ≥ 1",
                         bl.check_target(agg[rate]["mean_iops"] / best_other_mean if best_other_mean else float("nan"),
                                         1.0)))
+    if rate in agg and agg[rate]["at_target_p99_median_us"] == agg[rate]["at_target_p99_median_us"]:
+        a = agg[rate]
+        targets.append(("rate-controlled is paced, not bursty: over the seconds its controller holds the dirty level at "
+                        f"its target (within {AT_TARGET_PCT:g}% of the capacity), the p99 of the per-second p99 latency "
+                        "÷ their median ≤ 1.5",
+                        bl.check_target(a["at_target_p99_of_p99_us"] / a["at_target_p99_median_us"], 1.5,
+                                        higher_is_better=False)))
     doc = {"machine": machine, "args": vars(args), "configurations": cfgs, "write_back_parameters_available": params_ok,
            "summary": agg, "runs": runs, "elapsed_s": elapsed}
     lines = bl.results_header("Steady drain: client IOPS and p99 per second under three cleaning configurations",
@@ -304,10 +329,18 @@ def report(args, machine, cfgs, runs, params_ok, elapsed):
             f"{a['fio_read_p99_us'] / 1000:,.1f} / {a['fio_write_p99_us'] / 1000:,.1f} | "
             f"{a['dirty_pct_start']:.1f} → {a['dirty_pct_end']:.1f} | {a['backing.read.ops']:,.0f} / "
             f"{a['backing.write.ops']:,.0f} ({a['backing.write.bytes'] / 2**20:,.1f}) |")
-    lines += ["", "Write-back state seconds (from `status.cache_status.writeback.state`, polled each second):", ""]
+    lines += ["", "Write-back state seconds (from `status.cache_status.writeback.state`, polled each second), and "
+              "the per-second p99 over the seconds the controller held the dirty level at its target (within "
+              f"{AT_TARGET_PCT:g}% of the capacity; median, p99 of them):", ""]
     for label in labels:
-        sts = runs[label][0]["summary"]["writeback_states"]
-        lines.append(f"- {label}: " + (", ".join(f"{k} {v} s" for k, v in sorted(sts.items())) or "not reported"))
+        sm = runs[label][0]["summary"]
+        sts = sm["writeback_states"]
+        ctl = ""
+        if sm.get("at_target_seconds"):
+            ctl = (f"; at target {sm['at_target_seconds']} s, their p99 median "
+                   f"{agg[label]['at_target_p99_median_us'] / 1000:,.1f} ms, p99 "
+                   f"{agg[label]['at_target_p99_of_p99_us'] / 1000:,.1f} ms")
+        lines.append(f"- {label}: " + (", ".join(f"{k} {v} s" for k, v in sorted(sts.items())) or "not reported") + ctl)
     lines += ["", *bl.targets_table(targets), "", f"Whole run: {elapsed / 60:.1f} min.", "",
               "![per-second IOPS, p99 and dirty level](steady_drain.png)"]
     bl.write_results(out, "steady_drain", doc, lines)

@@ -39,7 +39,7 @@
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use flashtier_io::AlignedBuf;
 use parking_lot::Mutex;
@@ -52,8 +52,11 @@ use crate::log::Record;
 use crate::state::{DirtyBlock, State};
 use crate::stats::Stats;
 
+/// How often a paced writer looks whether it may stop pacing (another pass waits, a cancel).
+const PACE_CHECK: Duration = Duration::from_millis(10);
+
 /// How a pass writes to the backing store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) struct PassIo {
     /// Backing writes in flight at once.
     pub inflight: usize,
@@ -62,6 +65,10 @@ pub(crate) struct PassIo {
     /// All but one writer pause while client I/O to the backing store is in flight (background
     /// write-back below the high watermark: clients keep priority).
     pub yield_to_foreground: bool,
+    /// Bytes per second to spread the pass's writes over (background write-back at a rate):
+    /// a run starts no earlier than the bytes before it allow, so the backing store sees a
+    /// steady trickle rather than the whole pass at once. Dropped once another pass waits.
+    pub pace: Option<f64>,
 }
 
 impl PassIo {
@@ -71,6 +78,7 @@ impl PassIo {
             inflight: e.tunables.writeback_max_inflight(),
             max_io: e.tunables.writeback_max_io_bytes(),
             yield_to_foreground: false,
+            pace: None,
         }
     }
 }
@@ -109,7 +117,7 @@ pub(crate) fn clean_pass_with(
     if blocks.is_empty() {
         return Ok(0);
     }
-    let _one_pass = e.passes.lock();
+    let _one_pass = e.passes.enter();
     e.log.sync_vouched(true)?;
     let backing_errors = e.stats.backing_errors.load(Ordering::Relaxed);
     let result = write_back(e, &blocks, &crcs, cancel, pass_io);
@@ -155,6 +163,16 @@ fn write_back(
     let bs = e.geo.block_size as u64;
     let runs = runs_of(blocks, (pass_io.max_io / bs).max(1) as usize);
     let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Acquire));
+    // Paced: the bytes of the runs before each one, and when the first started.
+    let started = Instant::now();
+    let before: Vec<u64> = runs
+        .iter()
+        .scan(0, |sum, r| {
+            let at = *sum;
+            *sum += r.len() as u64 * bs;
+            Some(at)
+        })
+        .collect();
     // Per run, the versions of its blocks that reached the backing store (empty until the run
     // is done).
     let landed: Vec<Mutex<Vec<Version>>> = runs.iter().map(|_| Mutex::new(Vec::new())).collect();
@@ -178,6 +196,21 @@ fn write_back(
             }
             let k = next.fetch_add(1, Ordering::AcqRel);
             let Some(range) = runs.get(k) else { return };
+            if let Some(rate) = pass_io.pace {
+                let due = started + Duration::from_secs_f64(before[k] as f64 / rate.max(1.0));
+                let unpaced =
+                    || stop.load(Ordering::Acquire) || cancelled() || e.passes.contended();
+                while !unpaced() {
+                    let now = Instant::now();
+                    if now >= due {
+                        break;
+                    }
+                    std::thread::sleep((due - now).min(PACE_CHECK));
+                }
+                if stop.load(Ordering::Acquire) || cancelled() {
+                    return;
+                }
+            }
             let run = &blocks[range.clone()];
             let len = run.len() * bs as usize;
             let buf = match &mut buf {

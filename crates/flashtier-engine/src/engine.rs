@@ -57,7 +57,7 @@ pub struct Engine {
     /// run of them back (see `cleaner`).
     pub(crate) backing_ranges: crate::range_lock::RangeLock,
     /// Cleaning passes run one at a time.
-    pub(crate) passes: Mutex<()>,
+    pub(crate) passes: crate::pass_gate::PassGate,
     /// The backing store was written (bypassing the cache) since it was last flushed.
     pub(crate) backing_unflushed: AtomicBool,
     /// FLUSHes take turns for the backing store's flush (see `Cache::flush`).
@@ -393,7 +393,7 @@ pub(crate) fn open_engine(
         writes_gate: RwLock::new(()),
         write_ranges: Default::default(),
         backing_ranges: Default::default(),
-        passes: Mutex::new(()),
+        passes: Default::default(),
         backing_unflushed: AtomicBool::new(false),
         backing_flush_turn: Mutex::new(()),
         reclaim_turn: Mutex::new(()),

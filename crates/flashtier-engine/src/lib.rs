@@ -53,6 +53,7 @@ mod integrity;
 mod layout;
 mod log;
 mod lost;
+mod pass_gate;
 mod policy;
 mod range_lock;
 mod reclaim;

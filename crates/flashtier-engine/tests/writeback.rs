@@ -11,7 +11,9 @@
 //!   flight (a device wrapper records sizes and concurrency); one in flight when so set.
 //! - Clients first: while client reads keep the backing store busy, background write-back runs
 //!   one write at a time (and still progresses); in parallel once they stop.
-//! - The rate cap holds (bytes written over a measured interval).
+//! - The rate cap holds (bytes written over a measured interval), and writes at a rate are
+//!   spread over each second rather than sent in one burst; a pass that must run now (a full
+//!   write-back) does not wait for a paced one's schedule.
 //! - A failing backing store: the cleaner retries with backoff, counts retries, keeps the dirty
 //!   data, and drains once the store works again.
 
@@ -38,6 +40,8 @@ struct Recorder {
     /// Milliseconds each read takes (0 at first): slow client reads keep the backing store busy.
     read_delay_ms: AtomicU64,
     writes: Mutex<Vec<(u64, u64)>>,
+    /// When each write started.
+    starts: Mutex<Vec<Instant>>,
     inflight: AtomicU64,
     max_inflight: AtomicU64,
 }
@@ -49,6 +53,7 @@ impl Recorder {
             delay,
             read_delay_ms: AtomicU64::new(0),
             writes: Mutex::new(Vec::new()),
+            starts: Mutex::new(Vec::new()),
             inflight: AtomicU64::new(0),
             max_inflight: AtomicU64::new(0),
         })
@@ -73,6 +78,7 @@ impl BlockDev for Recorder {
         self.inner.read_at(buf, offset)
     }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> std::io::Result<()> {
+        self.starts.lock().unwrap().push(Instant::now());
         let now = self.inflight.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_inflight.fetch_max(now, Ordering::SeqCst);
         std::thread::sleep(self.delay);
@@ -461,6 +467,65 @@ fn the_rate_cap_holds() {
     // Without the cap the rest goes at once.
     set(&c, "writeback_rate_max_kib", "0");
     assert!(eventually(10, || dirty(&c) == 0), "{:?}", c.status());
+}
+
+/// At a rate, a pass's writes are spread over the second it was sized for. Before: a second's
+/// worth went out at once, every second, and clients' latency saw-toothed with it.
+#[test]
+fn write_back_at_a_rate_is_paced_not_bursty() {
+    let rec = Recorder::new(Arc::new(MemDev::new(BACKING as usize)), Duration::ZERO);
+    let c = cache_over(rec.clone(), 32);
+    write_blocks(&c, 0, 4 * MIB / BS, 1);
+    // 512 KiB/s in 64 KiB writes: 8 writes a second, in passes of up to a second's worth.
+    set(&c, "writeback_max_io_kib", "64");
+    set(&c, "writeback_max_inflight", "8");
+    set(&c, "writeback_rate_max_kib", "512");
+    rec.starts.lock().unwrap().clear();
+    set(&c, "writeback_idle_delay_ms", "1");
+    std::thread::sleep(Duration::from_millis(2500));
+    set(&c, "writeback_idle_delay_ms", "0");
+    let starts = rec.starts.lock().unwrap().clone();
+    assert!(starts.len() >= 12, "{} writes in 2.5 s", starts.len());
+    // Unpaced, all 8 writes of a second start within a few milliseconds of each other; paced,
+    // 125 ms apart. No 200 ms window holds more than 3 (2 due, one of slack).
+    let most = starts
+        .iter()
+        .map(|&t| {
+            starts
+                .iter()
+                .filter(|&&u| u >= t && u < t + Duration::from_millis(200))
+                .count()
+        })
+        .max()
+        .unwrap();
+    assert!(most <= 3, "{most} writes within 200 ms at 8 a second");
+}
+
+/// A pass that must run now (a full write-back, as a flush command or a mode switch makes) does
+/// not wait for the paced background pass ahead of it to keep its schedule.
+#[test]
+fn a_full_write_back_does_not_wait_for_a_paced_pass() {
+    let rec = Recorder::new(Arc::new(MemDev::new(BACKING as usize)), Duration::ZERO);
+    let c = cache_over(rec.clone(), 32);
+    write_blocks(&c, 0, MIB / BS, 1);
+    // 64 KiB/s in 4 KiB writes: a pass of 16 writes over a second.
+    set(&c, "writeback_max_io_kib", "4");
+    set(&c, "writeback_max_inflight", "16");
+    set(&c, "writeback_rate_max_kib", "64");
+    rec.starts.lock().unwrap().clear();
+    set(&c, "writeback_idle_delay_ms", "1");
+    assert!(
+        eventually(5, || !rec.starts.lock().unwrap().is_empty()),
+        "no paced pass started"
+    );
+    let t0 = Instant::now();
+    c.write_back_all().unwrap();
+    let took = t0.elapsed();
+    assert_eq!(dirty(&c), 0);
+    assert!(
+        took < Duration::from_millis(500),
+        "the full write-back took {took:?} behind a paced pass of a second"
+    );
 }
 
 #[test]

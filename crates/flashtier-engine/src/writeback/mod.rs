@@ -14,13 +14,16 @@
 //!
 //! Rates are spent through a token bucket: a pass waits until it has a second's worth of bytes
 //! (at most a full pass) and takes no more; the wait happens between passes, holding no lock.
-//! `writeback_rate_max_kib` caps 2 to 4.
+//! Within the pass its writes are paced at the same rate (`PassIo::pace`), so the backing store
+//! sees a steady trickle, not a second's worth at once: one burst a second made the clients'
+//! per-second p99 saw-tooth. A second's worth per pass keeps one log sync and one backing flush
+//! a second. `writeback_rate_max_kib` caps 2 to 4.
 //!
 //! Each pass is an ordinary cleaning pass (`cleaner`): the log synced first, writes sorted by
 //! address and coalesced, the backing store flushed before anything is marked clean, a block
 //! rewritten meanwhile left dirty. Passes are small (at most `writeback_max_inflight` ×
-//! `writeback_max_io_kib`, and [`MAX_RUNS_PER_PASS`] writes) because each holds the lock that
-//! writes around the cache wait for.
+//! `writeback_max_io_kib`, and [`MAX_RUNS_PER_PASS`] writes) because passes run one at a time:
+//! reclaim or a flush waits for the one running (and a paced one stops pacing when they do).
 //!
 //! Which blocks a pass takes: the dirty blocks of the segments in `writeback_order` (FIFO: log
 //! order, oldest written first; LRU: least recently read segments first, their unreferenced
@@ -432,6 +435,7 @@ impl Cleaner {
             },
             max_io,
             yield_to_foreground,
+            pace: rate,
         };
         let order = t.writeback_order();
         let per_run = (max_io / bs).max(1) as usize;
