@@ -52,6 +52,7 @@ mod index;
 mod integrity;
 mod layout;
 mod log;
+mod log_writer;
 mod lost;
 mod policy;
 mod reclaim;

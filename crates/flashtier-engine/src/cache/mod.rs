@@ -43,7 +43,7 @@ use crate::cleaner;
 use crate::engine::{self, Engine, OpenReport};
 use crate::health::BackingOp;
 use crate::layout::superblock::BackingIdentity;
-use crate::log::Writer;
+use crate::log_writer::Writer;
 use crate::policy::{Mode, ReclaimPolicy};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::EngineError;
