@@ -19,6 +19,7 @@ use crate::policy::{Mode, ReclaimPolicy};
 use crate::recover;
 use crate::state::State;
 use crate::stats::Stats;
+use crate::writeback_control::{Foreground, WritebackHandle};
 use crate::EngineError;
 
 /// Default cache block.
@@ -78,13 +79,9 @@ pub struct Engine {
     /// Whether the backing store is failing (see `health`).
     pub(crate) backing_health: BackingHealth,
     /// Client I/O to the backing store, which background write-back gives way to.
-    pub(crate) foreground: crate::writeback::Foreground,
-    /// The background cleaner's wake-up and stop flags, and what it is doing.
-    pub(crate) writeback: Mutex<crate::writeback::WritebackControl>,
-    pub(crate) writeback_cv: Condvar,
-    /// Set when the cleaner stops: cancels its pass in progress.
-    pub(crate) writeback_stop: AtomicBool,
-    pub(crate) writeback_status: Mutex<crate::writeback::WritebackStatus>,
+    pub(crate) foreground: Foreground,
+    /// The background cleaner's mailbox and report.
+    pub(crate) writeback: WritebackHandle,
     /// What recovery found damaged when this cache was opened.
     pub(crate) recovery_damage: Vec<crate::recover::Damage>,
 }
@@ -115,11 +112,6 @@ impl Engine {
     /// Seconds since the engine started, for LRU ages and n-hit windows.
     pub(crate) fn now_secs(&self) -> u32 {
         self.started.elapsed().as_secs() as u32
-    }
-
-    /// Milliseconds since the engine started.
-    pub(crate) fn now_ms(&self) -> u64 {
-        self.started.elapsed().as_millis() as u64
     }
 
     /// The n-hit miss table, sized for this cache (RAM is spent only once n-hit is used).
@@ -405,10 +397,7 @@ pub(crate) fn open_engine(
         atomic_bytes,
         backing_health: BackingHealth::default(),
         foreground: Default::default(),
-        writeback: Mutex::new(Default::default()),
-        writeback_cv: Condvar::new(),
-        writeback_stop: AtomicBool::new(false),
-        writeback_status: Mutex::new(Default::default()),
+        writeback: Default::default(),
         recovery_damage: damage,
     };
     let engine_damage_empty = engine.recovery_damage.is_empty();

@@ -44,7 +44,6 @@ pub mod adopt;
 mod cache;
 mod cleaner;
 mod cow;
-mod detach;
 mod engine;
 mod guards;
 mod health;
@@ -52,6 +51,7 @@ mod index;
 mod integrity;
 mod layout;
 mod log;
+mod log_writer;
 mod lost;
 mod pass_gate;
 mod policy;
@@ -59,15 +59,16 @@ mod range_lock;
 mod reclaim;
 mod recover;
 mod scan;
-mod scrub;
 mod segments;
 mod state;
 mod stats;
 pub mod tunables;
 mod writeback;
+mod writeback_control;
 
 pub use cache::{Cache, Status};
-pub use detach::{ReleaseError, Released};
+pub use cache::{ReleaseError, Released};
+pub use cache::{ScrubProgress, ScrubReport};
 pub use engine::{format, FormatOptions, OpenReport, DEFAULT_BLOCK_SIZE, DEFAULT_SEGMENT_SIZE};
 pub use integrity::IntegrityError;
 pub use layout::superblock::{
@@ -78,10 +79,9 @@ pub use layout::{Corruption, Structure};
 pub use policy::{Mode, PromotionPolicy, ReclaimPolicy};
 pub use recover::{read_superblock, Damage};
 pub use scan::{scan, ScanReport};
-pub use scrub::{ScrubProgress, ScrubReport};
 pub use stats::StatsSnapshot;
 pub use tunables::{ParamError, ParamInfo, PARAMS};
-pub use writeback::{WritebackState, WritebackStatus};
+pub use writeback_control::{WritebackState, WritebackStatus};
 
 /// The on-device format's types and decoders, for the engine's own integration tests and the
 /// fuzz harness, not for the crates that use the engine: a power-loss or integrity test has to

@@ -1,47 +1,24 @@
-//! The log writer: one thread turns appended records into batches on the cache device.
+//! The log's handle: what callers append and wait on. One thread, the log writer
+//! (`log_writer`), drains the queue into batches on the cache device; this module knows nothing
+//! of the engine, so the engine can hold the handle without depending on the thread that takes
+//! `&Engine`.
 //!
-//! Callers append records and (usually) wait; the writer takes everything queued, packs it into
-//! batches (one header block plus the records' data, written with one vectored write), applies
-//! each batch to the index once it is written, and wakes the waiters. A `sync` waits for one
-//! `fdatasync` of the cache device that covers every batch written before it; concurrent syncs
-//! share it (group commit).
-//!
-//! Two queues: *system* records (from reclaim and the cleaner) go first and may use the last
-//! [`RESERVE`] free segments; *client* records (writes, promotions) wait when only the reserve is
-//! left, so reclaim can always make progress. Checkpoints are taken here, between batches, so
-//! their snapshot of the index corresponds to an exact position in the log; the snapshot is
-//! copy-on-write (`cow`), and a checkpoint thread encodes and writes it while this thread goes on
-//! appending. This thread syncs it afterwards (every sync stays here: a failed sync is seen by the
-//! one thread that knows what it may have lost), counts it and frees the segments quarantined at
-//! the snapshot. One checkpoint is in flight at a time; one asked for meanwhile follows it.
-//!
-//! Errors: a failed batch write fails its waiters and seals the segment over the failed batch, so
-//! recovery never stops in front of later, successful batches; if even that fails, or a sync
-//! fails, the log enters a failed state and refuses further appends and syncs (a failed
-//! `fdatasync` may have lost data, so pretending otherwise would break the durability contract).
-//!
-//! A failed log recovers without a restart once the device works again (space freed, a path back):
-//! the writer retries with backoff. A retry syncs the device, writes the seal it owes (if any),
-//! reads back every block written since the last good sync and checks it (the failed sync may
-//! have lost some: clean ones are dropped, dirty ones marked lost, never served from a copy that
-//! is not there), and writes a checkpoint, which makes the in-memory index durable and puts the
-//! doubtful stretch of log behind it. Only then are appends and syncs accepted again.
+//! Callers append records and (usually) wait for them to be written and applied, or wait for a
+//! sync: one `fdatasync` of the cache device covering everything appended before it, shared by
+//! concurrent syncs (group commit). Two queues: *system* records (from reclaim and the cleaner)
+//! go first and may use the last [`RESERVE`] free segments; *client* records (writes,
+//! promotions) wait when only the reserve is left, so reclaim can always make progress.
 
 use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use flashtier_io::AlignedBuf;
 use parking_lot::{Condvar, Mutex};
 
-use crate::engine::Engine;
-use crate::layout::batch::{self, BatchHeader, Entry, HeaderKind, Kind, OWN_LEN};
-use crate::layout::checkpoint::{CheckpointEntry, Frame, LogHead};
-use crate::segments::Head;
-use crate::state::Snapshot;
-use crate::stats::Stats;
+use crate::layout::batch::{self, Entry, Kind};
 use crate::FormatError;
 
 /// Why the log did not carry out an append, a sync or a checkpoint. Callers match on it (reclaim
@@ -68,7 +45,7 @@ pub(crate) enum LogError {
 }
 
 impl LogError {
-    fn io(e: &io::Error) -> LogError {
+    pub(crate) fn io(e: &io::Error) -> LogError {
         LogError::Io(Arc::new(clone_err(e)))
     }
 }
@@ -86,29 +63,6 @@ impl From<LogError> for io::Error {
 
 /// Free segments kept back for reclaim's own records.
 pub const RESERVE: usize = 2;
-/// Most data blocks in one batch (2 MiB at 4 KiB blocks).
-const MAX_BATCH_BLOCKS: u32 = 512;
-/// A checkpoint is written at least this often while the log moves, bounding replay time.
-const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(30);
-/// When only records nobody waits for are queued (promotions, reclaim bookkeeping), the writer
-/// waits this long for more to fill the batch: a 4 KiB promotion alone would cost a 4 KiB header
-/// too, halving the cache's capacity (measured: 4082 batches for 4096 promotions, and a working
-/// set of half the cache evicted before it could be read twice). 2 ms still gave only 2.3
-/// promotions per batch behind a slow disk; the price of 20 ms is that a block read again within
-/// 20 ms of its miss misses again.
-const LINGER: Duration = Duration::from_millis(20);
-/// ... but no longer than it takes to gather this many data blocks.
-const LINGER_BLOCKS: u32 = 64;
-/// After a sync, the writer waits this long for more work before it writes a note (see
-/// `Writer::write_note`): under load the next batch carries the news anyway.
-const NOTE_DELAY: Duration = Duration::from_millis(10);
-/// Record-less batches written after a sync the backing store relies on (see
-/// `Writer::write_vouch`): each vouches for it, so damage must hit every one of them, and the
-/// synced batch too, before that sync can pass for a torn tail.
-const VOUCHING_HEADERS: u32 = 2;
-/// A failed log retries after this long, doubling up to `MAX_RETRY`.
-const FIRST_RETRY: Duration = Duration::from_millis(100);
-const MAX_RETRY: Duration = Duration::from_secs(5);
 
 /// A record to append.
 pub struct Record {
@@ -121,8 +75,8 @@ pub struct Record {
     pub data: Option<AlignedBuf>,
     /// CRC32C of each data block (what reads of the blocks are checked against), and of the
     /// whole record (what recovery checks).
-    block_crcs: Vec<u32>,
-    crc: u32,
+    pub(crate) block_crcs: Vec<u32>,
+    pub(crate) crc: u32,
     /// PROMOTE: the guard clock when the backing store was read (see `guards`).
     pub promote_since: Option<u64>,
 }
@@ -166,7 +120,7 @@ impl Record {
         self
     }
 
-    fn entry(&self) -> Entry {
+    pub(crate) fn entry(&self) -> Entry {
         Entry {
             kind: self.kind,
             dirty: self.dirty,
@@ -178,7 +132,7 @@ impl Record {
         }
     }
 
-    fn data_blocks(&self) -> u32 {
+    pub(crate) fn data_blocks(&self) -> u32 {
         if self.kind.has_data() {
             self.nblocks
         } else {
@@ -196,31 +150,31 @@ pub struct Appended {
     pub slot: u32,
 }
 
-const DROPPED: Appended = Appended {
+pub(crate) const DROPPED: Appended = Appended {
     seq: 0,
     slot: u32::MAX,
 };
 
 /// Where a caller waits for its record or sync.
 pub struct Waiter {
-    result: Mutex<Option<Result<Appended, LogError>>>,
-    ready: Condvar,
+    pub(crate) result: Mutex<Option<Result<Appended, LogError>>>,
+    pub(crate) ready: Condvar,
 }
 
 impl Waiter {
-    fn new() -> Arc<Waiter> {
+    pub(crate) fn new() -> Arc<Waiter> {
         Arc::new(Waiter {
             result: Mutex::new(None),
             ready: Condvar::new(),
         })
     }
 
-    fn complete(&self, result: Result<Appended, LogError>) {
+    pub(crate) fn complete(&self, result: Result<Appended, LogError>) {
         *self.result.lock() = Some(result);
         self.ready.notify_one();
     }
 
-    fn wait(&self) -> Result<Appended, LogError> {
+    pub(crate) fn wait(&self) -> Result<Appended, LogError> {
         let mut r = self.result.lock();
         loop {
             if let Some(result) = r.take() {
@@ -231,13 +185,13 @@ impl Waiter {
     }
 }
 
-fn complete(w: &Option<Arc<Waiter>>, result: Result<Appended, LogError>) {
+pub(crate) fn complete(w: &Option<Arc<Waiter>>, result: Result<Appended, LogError>) {
     if let Some(w) = w {
         w.complete(result);
     }
 }
 
-enum Op {
+pub(crate) enum Op {
     Append(Record, Option<Arc<Waiter>>),
     /// `true`: vouched (see [`Log::sync_vouched`]).
     Sync(Arc<Waiter>, bool),
@@ -245,22 +199,22 @@ enum Op {
 }
 
 #[derive(Default)]
-struct Queue {
-    client: VecDeque<Op>,
-    system: VecDeque<Op>,
-    stop: bool,
+pub(crate) struct Queue {
+    pub(crate) client: VecDeque<Op>,
+    pub(crate) system: VecDeque<Op>,
+    pub(crate) stop: bool,
     /// Reclaim freed space: blocked client records may proceed.
-    kicked: bool,
+    pub(crate) kicked: bool,
     /// Reclaim failed: blocked client records fail with this rather than wait for space that
     /// may never come (the next ones try again).
-    reclaim_failed: Option<LogError>,
+    pub(crate) reclaim_failed: Option<LogError>,
     /// The checkpoint thread wrote (or failed to write) the checkpoint in flight.
-    checkpoint_written: Option<Result<Written, CheckpointError>>,
+    pub(crate) checkpoint_written: Option<Result<Written, CheckpointError>>,
 }
 
 /// Why writing a checkpoint failed (each fails the log, as a failed batch write does).
 #[derive(Debug, thiserror::Error)]
-enum CheckpointError {
+pub(crate) enum CheckpointError {
     #[error("checkpoint does not fit its slot ({len} bytes, the slot has {slot})")]
     TooBig { len: u64, slot: u64 },
     #[error("checkpoint encoding failed: {0}")]
@@ -272,7 +226,7 @@ enum CheckpointError {
 }
 
 impl CheckpointError {
-    fn to_io(&self) -> io::Error {
+    pub(crate) fn to_io(&self) -> io::Error {
         match self {
             CheckpointError::Write(e) => clone_err(e),
             other => io::Error::other(other.to_string()),
@@ -282,41 +236,18 @@ impl CheckpointError {
 
 /// A checkpoint on the device, not yet synced.
 #[derive(Debug)]
-struct Written {
-    entries: u64,
-}
-
-/// What the checkpoint thread encodes and writes: a snapshot taken by the log writer at an exact
-/// log position (every record before `next_seq` applied and synced, none after).
-struct Job {
-    number: u64,
-    next_seq: u64,
-    epoch: u64,
-    snap: Snapshot,
-}
-
-/// What the log writer keeps of the checkpoint in flight, to finish it once it is written.
-struct InFlight {
-    number: u64,
-    next_seq: u64,
-    /// Quarantined segments released once the checkpoint is durable.
-    release: Vec<u32>,
-    /// The segment the log was filling at the snapshot.
-    open: Option<u32>,
-    /// `Writer::blocks_since_checkpoint` at the snapshot.
-    blocks_at_snapshot: u64,
-    waiters: Vec<Arc<Waiter>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+pub(crate) struct Written {
+    pub(crate) entries: u64,
 }
 
 /// The handle callers use; the writer thread owns the rest.
 #[derive(Default)]
 pub struct Log {
-    queue: Mutex<Queue>,
-    work: Condvar,
-    failed: AtomicBool,
+    pub(crate) queue: Mutex<Queue>,
+    pub(crate) work: Condvar,
+    pub(crate) failed: AtomicBool,
     /// Why the log failed, and since when (while `failed`).
-    failure: Mutex<Option<(String, Instant)>>,
+    pub(crate) failure: Mutex<Option<(String, Instant)>>,
     /// Sequence number of the last record applied (0: none yet).
     pub applied_seq: AtomicU64,
     /// Promotion data queued but not yet written, to bound memory.
@@ -324,7 +255,7 @@ pub struct Log {
 }
 
 impl Log {
-    fn push(&self, system: bool, op: Op) {
+    pub(crate) fn push(&self, system: bool, op: Op) {
         let mut q = self.queue.lock();
         if q.stop {
             drop(q);
@@ -343,7 +274,7 @@ impl Log {
         self.work.notify_one();
     }
 
-    fn check_failed(&self) -> Result<(), LogError> {
+    pub(crate) fn check_failed(&self) -> Result<(), LogError> {
         if self.failed.load(Ordering::Acquire) {
             return Err(LogError::Failed);
         }
@@ -397,7 +328,7 @@ impl Log {
         self.sync_op(system, true)
     }
 
-    fn sync_op(&self, system: bool, vouch: bool) -> Result<(), LogError> {
+    pub(crate) fn sync_op(&self, system: bool, vouch: bool) -> Result<(), LogError> {
         self.check_failed()?;
         let w = Waiter::new();
         self.push(system, Op::Sync(w.clone(), vouch));
@@ -435,1036 +366,7 @@ impl Log {
     }
 }
 
-/// The writer thread's state.
-/// Checks one block read from slot `slot` (of block `lba`) against `crc`; see [`Writer`].
-pub(crate) type CheckBlock = fn(&Engine, u64, u32, u32, &mut [u8]);
-
-pub struct Writer {
-    e: Arc<Engine>,
-    /// Checks a block read back from the cache device against its checksum, and handles one that
-    /// fails (`integrity::check_block`): handed in, so that the log does not depend on the module
-    /// that appends LOST records to it.
-    check_block: CheckBlock,
-    next_seq: u64,
-    epoch: u64,
-    checkpoint_number: u64,
-    header: AlignedBuf,
-    client_pending: VecDeque<Op>,
-    client_blocked: bool,
-    /// Every record numbered below this was synced to the cache device.
-    durable: u64,
-    /// The `durable` the last header written carried: a note is due while this lags.
-    durable_told: u64,
-    /// The `durable` the last batch or seal header written carried. Unlike `durable_told`, notes
-    /// do not count: the next batch overwrites a note, and a crash tearing that batch takes the
-    /// note with it, so a vouched sync must not count on one (see the run loop).
-    durable_in_batch: u64,
-    /// The own half of the last batch or seal header written (zeroes: none), which the next
-    /// header carries a copy of.
-    prev_own: Box<[u8; OWN_LEN]>,
-    /// This cache's log id, in every header.
-    log_id: u64,
-    /// Data slots written since the last good sync, as `(first slot, count)`: after a failed
-    /// sync, these are what must be read back and checked before the log goes on.
-    unsynced: Vec<(u32, u32)>,
-    /// A seal the log owes: a failed batch lies at this head, and sealing over it failed too.
-    owed_seal: Option<Head>,
-    /// How long to wait before the next retry while failed.
-    retry: Duration,
-    last_checkpoint: Instant,
-    checkpointed_seq: u64,
-    /// Log blocks written since the last checkpoint: replay reads at most this much.
-    blocks_since_checkpoint: u64,
-    /// The checkpoint being written in the background, if any: one at a time, so slots
-    /// alternate and quarantined segments are released in order.
-    inflight: Option<InFlight>,
-    /// A checkpoint was asked for (by `Log::checkpoint`, `request_checkpoint` or because one is
-    /// due) that has not started yet: asked while one was in flight, whose snapshot is older than
-    /// the request.
-    checkpoint_wanted: bool,
-    /// Who waits for that checkpoint.
-    checkpoint_waiters: Vec<Arc<Waiter>>,
-    /// The segment the log was filling when the newest durable checkpoint was taken: recovery
-    /// falls back to that checkpoint if the next one is damaged, walking the log from the middle
-    /// of this segment, and cannot find the log going on at its start if the segment was reused
-    /// (the walk has entered it already). So it is not freed by the next checkpoint, only by the
-    /// one after, when that checkpoint is no longer the fallback. (Found by the power-loss
-    /// campaign: a checkpoint in flight leaves the reserve reached, the head sealed and emptied
-    /// more often.) None when not known (after opening: as before).
-    fallback_open: Option<u32>,
-}
-
-/// Why a batch could not be placed.
-enum NoSpace {
-    /// Only the reserve is left: client records wait for reclaim.
-    Blocked,
-    Failed(io::Error),
-}
-
-struct Batch {
-    recs: Vec<(Record, Option<Arc<Waiter>>)>,
-    data_blocks: u32,
-    /// For a batch of no records (see `BatchHeader::ordinal`).
-    ordinal: u32,
-}
-
-impl Batch {
-    fn new() -> Batch {
-        Batch {
-            recs: Vec::new(),
-            data_blocks: 0,
-            ordinal: 0,
-        }
-    }
-
-    fn fits(&self, rec: &Record, max_blocks: u32) -> bool {
-        self.recs.len() < batch::MAX_ENTRIES && self.data_blocks + rec.data_blocks() <= max_blocks
-    }
-}
-
-impl Writer {
-    pub(crate) fn new(
-        e: Arc<Engine>,
-        start: &crate::engine::LogStart,
-        check_block: CheckBlock,
-    ) -> Writer {
-        let bs = e.geo.block_size as usize;
-        if start.checkpoint_now {
-            // What recovery repaired (lost blocks, a damaged checkpoint slot) made durable now,
-            // not at the next checkpoint the log's movement would bring.
-            e.log.request_checkpoint();
-        }
-        Writer {
-            check_block,
-            e,
-            next_seq: start.next_seq,
-            epoch: start.epoch,
-            checkpoint_number: start.checkpoint_number,
-            header: AlignedBuf::zeroed(bs),
-            client_pending: VecDeque::new(),
-            client_blocked: false,
-            // Opening synced what recovery found, so all of it is durable.
-            durable: start.next_seq,
-            durable_told: start.next_seq,
-            durable_in_batch: start.next_seq,
-            prev_own: start.last_header.clone(),
-            log_id: start.log_id,
-            unsynced: Vec::new(),
-            owed_seal: None,
-            retry: FIRST_RETRY,
-            last_checkpoint: Instant::now(),
-            // What recovery replayed is still behind the last checkpoint.
-            checkpointed_seq: if start.replayed_blocks > 0 {
-                0
-            } else {
-                start.next_seq
-            },
-            blocks_since_checkpoint: start.replayed_blocks,
-            inflight: None,
-            checkpoint_wanted: false,
-            checkpoint_waiters: Vec::new(),
-            fallback_open: None,
-        }
-    }
-
-    pub fn spawn(self) -> std::thread::JoinHandle<()> {
-        std::thread::Builder::new()
-            .name("log-writer".into())
-            .spawn(move || self.run())
-            .expect("cannot spawn the log writer")
-    }
-
-    fn log(&self) -> &Log {
-        &self.e.log
-    }
-
-    fn run(mut self) {
-        loop {
-            let written;
-            let round = {
-                let log = &self.e.log;
-                let mut q = log.queue.lock();
-                loop {
-                    if q.kicked {
-                        q.kicked = false;
-                        self.client_blocked = false;
-                    }
-                    let reclaim_failed = q.reclaim_failed.take();
-                    if self.client_blocked && (reclaim_failed.is_some() || log.failed()) {
-                        // Waiting would hang them: the space they wait for may never come.
-                        let err = reclaim_failed
-                            .unwrap_or_else(|| log.check_failed().expect_err("the log failed"));
-                        // Syncs among them are carried out, not failed with reclaim's error:
-                        // they promise only acknowledged records, and a FLUSH must learn from
-                        // the device itself whether it holds them (found as a flaky test: a
-                        // FLUSH failed with the backing store's EIO, and the dead cache device
-                        // went unnoticed).
-                        let (syncs, blocked): (VecDeque<Op>, VecDeque<Op>) = self
-                            .client_pending
-                            .drain(..)
-                            .partition(|op| matches!(op, Op::Sync(..)));
-                        self.fail_ops(blocked.into(), &err);
-                        self.client_pending = syncs;
-                        self.client_blocked = false;
-                    }
-                    let client_ready = !self.client_blocked
-                        && (!q.client.is_empty() || !self.client_pending.is_empty());
-                    if !q.system.is_empty() || client_ready || q.stop {
-                        break;
-                    }
-                    // The checkpoint in flight was written, or one waited for it to finish.
-                    if q.checkpoint_written.is_some()
-                        || (self.checkpoint_wanted && self.inflight.is_none())
-                    {
-                        break;
-                    }
-                    if self.checkpoint_due() {
-                        q.system.push_back(Op::Checkpoint(None));
-                        break;
-                    }
-                    if log.failed() && !q.stop {
-                        if log.work.wait_for(&mut q, self.retry).timed_out()
-                            && q.system.is_empty()
-                            && q.client.is_empty()
-                        {
-                            break;
-                        }
-                        continue;
-                    }
-                    if self.note_due() {
-                        if log.work.wait_for(&mut q, NOTE_DELAY).timed_out()
-                            && q.system.is_empty()
-                            && q.client.is_empty()
-                            && !q.stop
-                        {
-                            break;
-                        }
-                        continue;
-                    }
-                    log.work.wait_for(&mut q, Duration::from_secs(1));
-                }
-                written = q.checkpoint_written.take();
-                let checkpoint_news = written.is_some() || self.checkpoint_wanted;
-                let idle = q.system.is_empty()
-                    && q.client.is_empty()
-                    && !q.stop
-                    && (self.client_blocked || self.client_pending.is_empty());
-                if idle && (self.note_due() || log.failed()) {
-                    None
-                } else {
-                    if !q.stop && !checkpoint_news && only_unawaited(&q, &self.client_pending) {
-                        let deadline = Instant::now() + LINGER;
-                        while !q.stop
-                            && only_unawaited(&q, &self.client_pending)
-                            && unawaited_blocks(&q) < LINGER_BLOCKS
-                            && !log.work.wait_until(&mut q, deadline).timed_out()
-                        {
-                        }
-                    }
-                    self.client_pending.extend(q.client.drain(..));
-                    Some((q.system.drain(..).collect::<Vec<_>>(), q.stop))
-                }
-            };
-            if let Some(result) = written {
-                self.finish_checkpoint(result);
-            }
-            self.maybe_start_checkpoint();
-            let Some((system, stop)) = round else {
-                if self.log().failed() {
-                    self.try_recover();
-                } else {
-                    self.write_note();
-                }
-                continue;
-            };
-            let mut wants_sync = Vec::new();
-            let mut wants_checkpoint = Vec::new();
-            self.process(system, true, &mut wants_sync, &mut wants_checkpoint);
-            if !self.client_blocked {
-                let client: Vec<Op> = self.client_pending.drain(..).collect();
-                self.process(client, false, &mut wants_sync, &mut wants_checkpoint);
-            } else {
-                // Syncs never wait behind blocked records: they only promise durability for
-                // records already acknowledged, and blocked ones are not.
-                let (syncs, rest): (Vec<Op>, Vec<Op>) = self
-                    .client_pending
-                    .drain(..)
-                    .partition(|op| matches!(op, Op::Sync(..)));
-                self.client_pending = rest.into();
-                self.process(syncs, false, &mut wants_sync, &mut wants_checkpoint);
-            }
-            // (A checkpoint syncs the device itself, before its snapshot.)
-            if !wants_sync.is_empty() {
-                let mut result = self.sync_device();
-                // Vouched unless a batch header already says this much is durable: a note saying
-                // it does not do (found by the power-loss campaign: a sync in between, here a
-                // background checkpoint's, advanced `durable`, the idle writer noted it, the
-                // vouched sync then wrote no vouching headers, the next batch overwrote the note
-                // and the crash tore that batch; damage to an older vouching header then cut the
-                // log before a write the backing store's later bypass write relied on).
-                if result.is_ok()
-                    && wants_sync.iter().any(|(_, v)| *v)
-                    && self.durable > self.durable_in_batch
-                    && !self.log().failed()
-                {
-                    self.write_vouch();
-                    result = self.sync_device();
-                }
-                for (w, _) in &wants_sync {
-                    w.complete(result.as_ref().map(|_| DROPPED).map_err(LogError::io));
-                }
-            }
-            for w in wants_checkpoint {
-                self.checkpoint_wanted = true;
-                self.checkpoint_waiters.extend(w);
-            }
-            if self.checkpoint_due() {
-                self.checkpoint_wanted = true;
-            }
-            self.maybe_start_checkpoint();
-            if stop {
-                // Records still waiting for space when the cache closes will not get it.
-                let leftover: Vec<Op> = self.client_pending.drain(..).collect();
-                self.fail_ops(leftover, &LogError::Shutdown);
-                let q = self.e.log.queue.lock();
-                if q.client.is_empty() && q.system.is_empty() {
-                    drop(q);
-                    // Nothing is left behind: the checkpoint in flight finishes, and one still
-                    // asked for is written.
-                    self.wait_for_checkpoint();
-                    if self.checkpoint_wanted {
-                        self.start_checkpoint();
-                        self.wait_for_checkpoint();
-                    }
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Completes ops that will not be carried out with `err`.
-    fn fail_ops(&self, ops: Vec<Op>, err: &LogError) {
-        for op in ops {
-            match op {
-                Op::Append(r, w) => {
-                    self.release_promotion(&r);
-                    complete(&w, Err(err.clone()));
-                }
-                Op::Sync(w, _) => w.complete(Err(err.clone())),
-                Op::Checkpoint(w) => complete(&w, Err(err.clone())),
-            }
-        }
-    }
-
-    /// A checkpoint is due when the log has moved for [`CHECKPOINT_INTERVAL`], or an eighth of the
-    /// cache has been written since the last one: that bounds both recovery time and how much log
-    /// a crash leaves to replay.
-    fn checkpoint_due(&self) -> bool {
-        let moved = self.next_seq != self.checkpointed_seq;
-        let by_time = self.last_checkpoint.elapsed() >= CHECKPOINT_INTERVAL;
-        let by_volume = self.blocks_since_checkpoint >= self.e.geo.slot_count() as u64 / 8;
-        moved
-            && (by_time || by_volume)
-            && !self.log().failed()
-            && self.inflight.is_none()
-            && !self.checkpoint_wanted
-    }
-
-    /// Runs ops in order: appends are packed into batches; syncs and checkpoints are collected
-    /// for the end of the round. Leaves blocked client ops in `client_pending`.
-    fn process(
-        &mut self,
-        ops: Vec<Op>,
-        system: bool,
-        wants_sync: &mut Vec<(Arc<Waiter>, bool)>,
-        wants_checkpoint: &mut Vec<Option<Arc<Waiter>>>,
-    ) {
-        let max_blocks = MAX_BATCH_BLOCKS.min(self.e.geo.blocks_per_segment() - 1);
-        let mut batch = Batch::new();
-        let mut ops = ops.into_iter();
-        while let Some(op) = ops.next() {
-            match op {
-                Op::Append(rec, w) => {
-                    if self.log().failed() {
-                        complete(&w, self.log().check_failed().map(|()| DROPPED));
-                        continue;
-                    }
-                    if !self.promotion_still_safe(&rec) {
-                        Stats::add(&self.e.stats.promotions_dropped, 1);
-                        self.release_promotion(&rec);
-                        complete(&w, Ok(DROPPED));
-                        continue;
-                    }
-                    if !batch.fits(&rec, max_blocks) {
-                        let full = std::mem::replace(&mut batch, Batch::new());
-                        if let Err(blocked) = self.write_batch(full, system) {
-                            self.requeue_blocked(blocked, Some((rec, w)), ops, system);
-                            return;
-                        }
-                    }
-                    batch.data_blocks += rec.data_blocks();
-                    batch.recs.push((rec, w));
-                }
-                Op::Sync(w, vouch) => wants_sync.push((w, vouch)),
-                Op::Checkpoint(w) => wants_checkpoint.push(w),
-            }
-        }
-        if !batch.recs.is_empty() {
-            if let Err(blocked) = self.write_batch(batch, system) {
-                self.requeue_blocked(blocked, None, Vec::new().into_iter(), system);
-            }
-        }
-    }
-
-    /// A client batch found only the reserve left: put it (and everything after it) back at the
-    /// front of the pending client ops and wait for reclaim.
-    fn requeue_blocked(
-        &mut self,
-        blocked: Batch,
-        next: Option<(Record, Option<Arc<Waiter>>)>,
-        rest: impl Iterator<Item = Op>,
-        system: bool,
-    ) {
-        debug_assert!(!system, "system batches may use the reserve");
-        let mut front: VecDeque<Op> = blocked
-            .recs
-            .into_iter()
-            .map(|(r, w)| Op::Append(r, w))
-            .collect();
-        if let Some((r, w)) = next {
-            front.push_back(Op::Append(r, w));
-        }
-        front.extend(rest);
-        front.extend(self.client_pending.drain(..));
-        self.client_pending = front;
-        self.client_blocked = true;
-        self.e.wake_reclaim();
-    }
-
-    fn promotion_still_safe(&self, rec: &Record) -> bool {
-        match rec.promote_since {
-            Some(since) => self
-                .e
-                .guards
-                .promotion_safe(rec.lba, rec.nblocks as u64, since),
-            None => true,
-        }
-    }
-
-    fn release_promotion(&self, rec: &Record) {
-        if rec.kind == Kind::Promote {
-            let bytes = rec.nblocks as u64 * self.e.geo.block_size as u64;
-            self.log()
-                .queued_promotion_bytes
-                .fetch_sub(bytes, Ordering::Relaxed);
-        }
-    }
-
-    /// Writes a batch, applies it, and completes its waiters. `Err(batch)` hands a client batch
-    /// back when only the reserve is left.
-    fn write_batch(&mut self, batch: Batch, system: bool) -> Result<(), Batch> {
-        let needed = 1 + batch.data_blocks;
-        let head = match self.place(needed, system) {
-            Ok(h) => h,
-            Err(NoSpace::Blocked) if !system => return Err(batch),
-            Err(NoSpace::Blocked) => {
-                // Reclaim itself ran out of room: its records fail (and it retries once a
-                // checkpoint has freed what it emptied); the log stays healthy.
-                tracing::debug!("no free segment for reclaim's records");
-                for (r, w) in &batch.recs {
-                    self.release_promotion(r);
-                    complete(w, Err(LogError::ReserveFull));
-                }
-                return Ok(());
-            }
-            Err(NoSpace::Failed(e)) => {
-                for (r, w) in &batch.recs {
-                    self.release_promotion(r);
-                    complete(w, Err(LogError::io(&e)));
-                }
-                return Ok(());
-            }
-        };
-        let geo = self.e.geo;
-        let header = BatchHeader {
-            seq_first: self.next_seq,
-            epoch: self.epoch,
-            kind: HeaderKind::Batch,
-            durable: self.durable,
-            log: self.log_id,
-            entries: batch.recs.iter().map(|(r, _)| r.entry()).collect(),
-            ordinal: batch.ordinal,
-        };
-        header.encode(&self.prev_own[..], &mut self.header);
-        let first_slot = geo.first_slot(head.segment) + head.used;
-        let mut iov: Vec<&[u8]> = Vec::with_capacity(1 + batch.recs.len());
-        iov.push(&self.header);
-        for (r, _) in &batch.recs {
-            if let Some(d) = &r.data {
-                iov.push(d);
-            }
-        }
-        let written = self
-            .e
-            .cache
-            .write_vectored_at(&iov, geo.slot_offset(first_slot));
-        drop(iov);
-        if let Err(e) = written {
-            Stats::add(&self.e.stats.cache_errors, 1);
-            tracing::error!(error = %e, segment = head.segment, "cache device write failed");
-            self.abandon_segment_after_failure(head);
-            for (r, w) in &batch.recs {
-                self.release_promotion(r);
-                complete(w, Err(LogError::io(&e)));
-            }
-            return Ok(());
-        }
-        self.header_written();
-        if batch.data_blocks > 0 {
-            self.unsynced.push((first_slot + 1, batch.data_blocks));
-        }
-        let bytes = needed as u64 * geo.block_size as u64;
-        self.blocks_since_checkpoint += needed as u64;
-        Stats::add(&self.e.stats.cache_writes, 1);
-        Stats::add(&self.e.stats.cache_write_bytes, bytes);
-        Stats::add(&self.e.stats.batches, 1);
-        Stats::add(&self.e.stats.records, batch.recs.len() as u64);
-        {
-            let mut st = self.e.state.write();
-            st.segs
-                .note_written(head.segment, head.used, self.e.now_secs());
-            let mut slot = first_slot + 1;
-            for (r, _) in &batch.recs {
-                st.apply(&r.entry(), slot, &r.block_crcs);
-                slot += r.data_blocks();
-            }
-            if let Some(h) = st.segs.head.as_mut() {
-                h.used += needed;
-            }
-        }
-        let first_seq = self.next_seq;
-        self.next_seq += batch.recs.len() as u64;
-        self.log()
-            .applied_seq
-            .store(self.next_seq - 1, Ordering::Release);
-        let mut slot = first_slot + 1;
-        for (i, (r, w)) in batch.recs.iter().enumerate() {
-            if r.kind == Kind::Promote {
-                Stats::add(&self.e.stats.promoted_blocks, r.nblocks as u64);
-                self.release_promotion(r);
-            }
-            let appended = Appended {
-                seq: first_seq + i as u64,
-                slot: if r.data_blocks() > 0 { slot } else { u32::MAX },
-            };
-            slot += r.data_blocks();
-            complete(w, Ok(appended));
-        }
-        Ok(())
-    }
-
-    /// Finds room for `needed` blocks at the log head, sealing the open segment (so recovery
-    /// knows the log went on elsewhere) and opening the next free one if it does not fit.
-    fn place(&mut self, needed: u32, system: bool) -> Result<Head, NoSpace> {
-        let bps = self.e.geo.blocks_per_segment();
-        loop {
-            let head = self.e.state.read().segs.head;
-            match head {
-                // Whatever is left after a batch (if anything) can always hold a seal.
-                Some(h) if h.used + needed <= bps => return Ok(h),
-                Some(h) => {
-                    if h.used < bps {
-                        self.write_seal(h).map_err(NoSpace::Failed)?;
-                    }
-                    self.e.state.write().segs.seal_head();
-                }
-                None => {}
-            }
-            let mut st = self.e.state.write();
-            if !system && st.segs.free_count() <= RESERVE {
-                return Err(NoSpace::Blocked);
-            }
-            if st.segs.open_next(self.next_seq).is_none() {
-                return Err(NoSpace::Blocked);
-            }
-            let free = st.segs.free_count();
-            drop(st);
-            if free <= self.e.reclaim_low_water() {
-                self.e.wake_reclaim();
-            }
-        }
-    }
-
-    /// This header (in `self.header`) is on the device: the next one carries a copy of it.
-    fn header_written(&mut self) {
-        self.prev_own.copy_from_slice(&self.header[..OWN_LEN]);
-        self.durable_told = self.durable;
-        self.durable_in_batch = self.durable;
-    }
-
-    fn write_seal(&mut self, h: Head) -> io::Result<()> {
-        BatchHeader {
-            seq_first: self.next_seq,
-            epoch: self.epoch,
-            kind: HeaderKind::Seal,
-            durable: self.durable,
-            log: self.log_id,
-            entries: Vec::new(),
-            ordinal: 0,
-        }
-        .encode(&self.prev_own[..], &mut self.header);
-        let slot = self.e.geo.first_slot(h.segment) + h.used;
-        let result = self
-            .e
-            .cache
-            .write_at(&self.header, self.e.geo.slot_offset(slot), false);
-        match &result {
-            Ok(()) => {
-                self.header_written();
-                Stats::add(&self.e.stats.cache_writes, 1);
-                Stats::add(&self.e.stats.cache_write_bytes, self.header.len() as u64)
-            }
-            Err(e) => {
-                Stats::add(&self.e.stats.cache_errors, 1);
-                self.fail(&format!("cannot seal segment {}: {e}", h.segment));
-            }
-        }
-        result
-    }
-
-    /// After a failed batch write the space may hold a torn batch that would stop recovery in
-    /// front of everything written later; seal over it and move on to the next segment.
-    fn abandon_segment_after_failure(&mut self, head: Head) {
-        if self.write_seal(head).is_ok() {
-            self.e.state.write().segs.seal_head();
-        } else {
-            self.owed_seal = Some(head);
-        }
-    }
-
-    fn fail(&self, why: &str) {
-        let log = self.log();
-        *log.failure.lock() = Some((why.to_string(), Instant::now()));
-        if !log.failed.swap(true, Ordering::AcqRel) {
-            tracing::error!(
-                "cache log failed: {why}; writes and flushes fail with EIO until the device works \
-                 again"
-            );
-        }
-    }
-
-    /// Tries to bring a failed log back (see the module documentation); on failure the log
-    /// stays failed and the next try comes after a longer wait.
-    fn try_recover(&mut self) {
-        // The log stays failed until the recovery worked: `status` must not flicker to healthy
-        // during each try (found as a flaky test), and appends queue up meanwhile and are
-        // handled after this (failed again if it fails).
-        match self.recover_log() {
-            Ok(()) => {
-                self.log().failed.store(false, Ordering::Release);
-                self.retry = FIRST_RETRY;
-                *self.log().failure.lock() = None;
-                Stats::add(&self.e.stats.log_recoveries, 1);
-                tracing::warn!("the cache device works again: the cache log resumed");
-            }
-            Err(e) => {
-                self.fail(&format!("cache device still failing: {e}"));
-                self.retry = (self.retry * 2).min(MAX_RETRY);
-            }
-        }
-    }
-
-    fn recover_log(&mut self) -> io::Result<()> {
-        self.e.cache.flush()?;
-        if let Some(head) = self.owed_seal {
-            self.write_seal(head)?;
-            self.e.state.write().segs.seal_head();
-            self.owed_seal = None;
-        }
-        // What the failed sync may have lost: read it back now that a sync worked.
-        for (first, count) in std::mem::take(&mut self.unsynced) {
-            self.check_written(first, count)?;
-        }
-        self.write_checkpoint_now()
-    }
-
-    /// Reads back `count` slots from `first` (one segment's) and checks every block still
-    /// mapped there against its checksum; what fails is handled like any damaged block.
-    fn check_written(&mut self, first: u32, count: u32) -> io::Result<()> {
-        let e = &self.e;
-        let bs = e.geo.block_size as usize;
-        let seg = e.geo.segment_of(first);
-        let expected: Vec<Option<(u64, u32)>> = {
-            let st = e.state.read();
-            st.segs.reader_enter(seg);
-            (first..first + count)
-                .map(|s| st.index.slot(s).map(|i| (i.lba, st.crcs[s as usize])))
-                .collect()
-        };
-        let mut data = AlignedBuf::zeroed(count as usize * bs);
-        let read = e.cache.read_at(&mut data, e.geo.slot_offset(first));
-        if read.is_ok() {
-            for (i, (block, want)) in data.chunks_mut(bs).zip(expected).enumerate() {
-                if let Some((lba, crc)) = want {
-                    (self.check_block)(e, lba, first + i as u32, crc, block);
-                }
-            }
-        }
-        e.state.read().segs.reader_exit(seg);
-        read
-    }
-
-    fn sync_device(&mut self) -> io::Result<()> {
-        self.log().check_failed()?;
-        self.flush_device()
-    }
-
-    /// [`Writer::sync_device`] without refusing a failed log: for recovering it.
-    fn flush_device(&mut self) -> io::Result<()> {
-        let result = self.e.cache.flush();
-        Stats::add(&self.e.stats.cache_syncs, 1);
-        match &result {
-            // Every batch is written before the sync that follows it is issued.
-            Ok(()) => {
-                self.durable = self.next_seq;
-                self.unsynced.clear();
-            }
-            Err(e) => {
-                Stats::add(&self.e.stats.cache_errors, 1);
-                self.fail(&format!("cache device sync failed: {e}"));
-            }
-        }
-        result
-    }
-
-    /// A sync made records durable that no header on the device vouches for yet.
-    fn note_due(&self) -> bool {
-        self.durable > self.durable_told && !self.log().failed()
-    }
-
-    /// Writes a note at the log head: no records, just how far the log is durable, so that
-    /// recovery can tell damage to the last synced batches (which lose only the damaged records)
-    /// from a crash tearing unsynced ones (where the log simply ends). Under load the next
-    /// batch's header says the same; the note covers the writer going idle. It is not synced,
-    /// and the next batch overwrites it (the log does not move). When the open segment is full,
-    /// the note goes to the first block of the next free segment, where recovery looks for the
-    /// log's continuation (and the next batch overwrites it there).
-    fn write_note(&mut self) {
-        let place = {
-            let st = self.e.state.read();
-            match st.segs.head {
-                Some(h) if h.used < self.e.geo.blocks_per_segment() => Some((h.segment, h.used)),
-                _ => st.segs.next_free().map(|seg| (seg, 0)),
-            }
-        };
-        let Some((segment, used)) = place else {
-            // No free segment: the next batch says it, wherever it goes.
-            self.durable_told = self.durable;
-            return;
-        };
-        BatchHeader {
-            seq_first: self.next_seq,
-            epoch: self.epoch,
-            kind: HeaderKind::Note,
-            durable: self.durable,
-            log: self.log_id,
-            entries: Vec::new(),
-            ordinal: 0,
-        }
-        .encode(&self.prev_own[..], &mut self.header);
-        let slot = self.e.geo.first_slot(segment) + used;
-        match self
-            .e
-            .cache
-            .write_at(&self.header, self.e.geo.slot_offset(slot), false)
-        {
-            Ok(()) => {
-                Stats::add(&self.e.stats.cache_writes, 1);
-                Stats::add(&self.e.stats.cache_write_bytes, self.header.len() as u64);
-            }
-            // Only a hint: a failed note changes nothing (the next batch is written there anyway).
-            Err(e) => {
-                Stats::add(&self.e.stats.cache_errors, 1);
-                tracing::debug!(error = %e, "note write failed");
-            }
-        }
-        self.durable_told = self.durable;
-    }
-
-    /// Vouches for a sync the backing store is about to rely on with a batch of no records (its
-    /// header carries `durable`), after which the log goes on. Not a note: the next batch
-    /// overwrites a note, and a crash tearing that batch would take the vouching with it, so
-    /// damage to the synced batch would then look like a torn tail and undo what the backing
-    /// store relied on (found by the corruption campaign). Two such batches, in two blocks, so
-    /// that one more fault (damage to the synced batch and to one vouching header) still leaves
-    /// a header that vouches; with one, the long campaign found that double fault bringing back
-    /// an older dirty copy over a write-through write the backing store held. Costs two blocks of
-    /// log (one more write, no more syncs) per such sync. Falls back to a note when not even the
-    /// reserve has room.
-    fn write_vouch(&mut self) {
-        for ordinal in 1..=VOUCHING_HEADERS {
-            let vouch = Batch {
-                ordinal,
-                ..Batch::new()
-            };
-            if self.write_batch(vouch, true).is_err() {
-                break;
-            }
-        }
-        if self.note_due() {
-            self.write_note();
-        }
-    }
-
-    /// Starts the checkpoint asked for, unless one is in flight (it starts once that one is
-    /// done). With the log failed, its waiters fail at once, as other work does.
-    fn maybe_start_checkpoint(&mut self) {
-        if self.checkpoint_wanted && self.inflight.is_none() {
-            self.start_checkpoint();
-        }
-    }
-
-    /// Takes the snapshot (after a sync) and hands it to a checkpoint thread, which encodes and
-    /// writes it while the log goes on; [`Writer::finish_checkpoint`] completes it. Only the sync
-    /// and the snapshot (O(chunks), see `cow`) hold up appends: encoding and writing a large
-    /// index took 107 ms at 48 GiB and 310 ms at 1 TiB when this thread did them.
-    fn start_checkpoint(&mut self) {
-        debug_assert!(self.inflight.is_none(), "one checkpoint at a time");
-        self.checkpoint_wanted = false;
-        let waiters = std::mem::take(&mut self.checkpoint_waiters);
-        let begun = self
-            .log()
-            .check_failed()
-            .map_err(io::Error::from)
-            .and_then(|()| self.begin_checkpoint(waiters.clone()));
-        let (job, mut inflight) = match begun {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::error!(error = %e, "checkpoint failed");
-                for w in &waiters {
-                    w.complete(Err(LogError::io(&e)));
-                }
-                return;
-            }
-        };
-        let job = Arc::new(Mutex::new(Some(job)));
-        let e = self.e.clone();
-        let theirs = job.clone();
-        let spawned = std::thread::Builder::new()
-            .name("checkpoint".into())
-            .spawn(move || {
-                let job = theirs.lock().take();
-                let result = job.map_or(Err(CheckpointError::Panicked), |job| {
-                    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| write_image(&e, &job)))
-                        .unwrap_or(Err(CheckpointError::Panicked))
-                    // The snapshot goes here, before the writer learns of the result: once a
-                    // checkpoint is finished, no chunk is still shared with it and changes stop
-                    // costing copies.
-                });
-                e.log.queue.lock().checkpoint_written = Some(result);
-                e.log.work.notify_one();
-            });
-        match spawned {
-            Ok(thread) => inflight.thread = Some(thread),
-            Err(err) => {
-                // No thread to be had: write it here (clients wait, as they did before there was
-                // a checkpoint thread).
-                tracing::warn!(error = %err, "cannot spawn a checkpoint thread; checkpointing inline");
-                let result = match job.lock().take() {
-                    Some(job) => write_image(&self.e, &job),
-                    None => Err(CheckpointError::Panicked),
-                };
-                self.log().queue.lock().checkpoint_written = Some(result);
-            }
-        }
-        self.inflight = Some(inflight);
-    }
-
-    /// Syncs the device and snapshots the state: the first half of a checkpoint.
-    fn begin_checkpoint(&mut self, waiters: Vec<Arc<Waiter>>) -> io::Result<(Job, InFlight)> {
-        // The snapshot may only reference records that are durable.
-        self.flush_device()?;
-        let number = self.checkpoint_number + 1;
-        let snap = self.e.state.read().snapshot(self.fallback_open);
-        let inflight = InFlight {
-            number,
-            next_seq: self.next_seq,
-            release: snap.release.clone(),
-            open: snap.open.map(|h| h.segment),
-            blocks_at_snapshot: self.blocks_since_checkpoint,
-            waiters,
-            thread: None,
-        };
-        let job = Job {
-            number,
-            next_seq: self.next_seq,
-            epoch: self.epoch,
-            snap,
-        };
-        Ok((job, inflight))
-    }
-
-    /// Waits for the checkpoint in flight (if any) and finishes it.
-    fn wait_for_checkpoint(&mut self) {
-        if self.inflight.is_none() {
-            return;
-        }
-        let result = {
-            let log = &self.e.log;
-            let mut q = log.queue.lock();
-            loop {
-                if let Some(r) = q.checkpoint_written.take() {
-                    break r;
-                }
-                log.work.wait(&mut q);
-            }
-        };
-        self.finish_checkpoint(result);
-    }
-
-    /// The checkpoint thread is done with the checkpoint in flight: sync it, release what it
-    /// made free, and tell its waiters.
-    fn finish_checkpoint(&mut self, result: Result<Written, CheckpointError>) {
-        let Some(mut inflight) = self.inflight.take() else {
-            return;
-        };
-        if let Some(thread) = inflight.thread.take() {
-            // It has nothing left to do but exit.
-            let _ = thread.join();
-        }
-        let outcome = if self.log().failed() && result.is_ok() {
-            // The log failed meanwhile: what it wrote stays unused (not counted, nothing
-            // released); bringing the log back writes a checkpoint of its own.
-            Err(io::Error::from(LogError::Failed))
-        } else {
-            self.complete_checkpoint(&inflight, result)
-        };
-        if let Err(e) = &outcome {
-            tracing::error!(error = %e, "checkpoint failed");
-        }
-        for w in &inflight.waiters {
-            w.complete(outcome.as_ref().map(|_| DROPPED).map_err(LogError::io));
-        }
-    }
-
-    /// The second half of a checkpoint, once its image is written (or failed): a failed write
-    /// fails the log; otherwise the device is synced, which makes the checkpoint durable, and the
-    /// segments quarantined at its snapshot become free.
-    fn complete_checkpoint(
-        &mut self,
-        inflight: &InFlight,
-        result: Result<Written, CheckpointError>,
-    ) -> io::Result<()> {
-        let written = match result {
-            Ok(w) => w,
-            Err(e) => {
-                self.fail(&e.to_string());
-                return Err(e.to_io());
-            }
-        };
-        self.flush_device()?;
-        self.checkpoint_number = inflight.number;
-        self.checkpointed_seq = inflight.next_seq;
-        self.last_checkpoint = Instant::now();
-        // What was written while it was in flight is replayed after it.
-        self.blocks_since_checkpoint = self
-            .blocks_since_checkpoint
-            .saturating_sub(inflight.blocks_at_snapshot);
-        Stats::add(&self.e.stats.checkpoints, 1);
-        self.fallback_open = inflight.open;
-        let released = self.e.state.write().segs.release_these(&inflight.release);
-        if !released.is_empty() {
-            crate::state::wait_for_readers(&self.e.state, &released);
-            self.client_blocked = false;
-        }
-        tracing::debug!(
-            number = inflight.number,
-            entries = written.entries,
-            released = released.len(),
-            "checkpoint"
-        );
-        Ok(())
-    }
-
-    /// A whole checkpoint on this thread, for bringing a failed log back ([`Writer::recover_log`]):
-    /// nothing else is written meanwhile, and it does not refuse a failed log.
-    fn write_checkpoint_now(&mut self) -> io::Result<()> {
-        self.wait_for_checkpoint();
-        let (job, inflight) = self.begin_checkpoint(Vec::new())?;
-        let result = write_image(&self.e, &job);
-        drop(job);
-        self.complete_checkpoint(&inflight, result)
-    }
-}
-
-/// Encodes a checkpoint straight into the buffer it is written from (one pass over the
-/// snapshot, no intermediate copy) and writes it to its slot, unsynced. Runs on the checkpoint
-/// thread, without the state lock.
-fn write_image(e: &Engine, job: &Job) -> Result<Written, CheckpointError> {
-    let geo = e.geo;
-    let snap = &job.snap;
-    let frame = Frame {
-        number: job.number,
-        next_seq: job.next_seq,
-        epoch: job.epoch,
-        open: snap.open.map(|h| LogHead {
-            segment: h.segment,
-            used: h.used,
-        }),
-        free: &snap.free,
-        entry_count: snap.slots.len() as u64,
-        lost: &snap.lost,
-    };
-    let len = frame.encoded_len();
-    if len > geo.checkpoint_slot_size {
-        return Err(CheckpointError::TooBig {
-            len,
-            slot: geo.checkpoint_slot_size,
-        });
-    }
-    let mut buf = AlignedBuf::zeroed(len as usize);
-    let entries = snap.slots.live().map(|(slot, info)| CheckpointEntry {
-        slot,
-        lba: info.lba,
-        dirty: info.dirty,
-        crc: snap.crcs[slot as usize],
-    });
-    frame
-        .encode_into(entries, &mut buf)
-        .map_err(CheckpointError::Encode)?;
-    let offset = geo.checkpoint_slot_offset((job.number % 2) as u32);
-    if let Err(err) = e.cache.write_at(&buf, offset, false) {
-        Stats::add(&e.stats.cache_errors, 1);
-        return Err(CheckpointError::Write(err));
-    }
-    Stats::add(&e.stats.cache_writes, 1);
-    Stats::add(&e.stats.cache_write_bytes, buf.len() as u64);
-    Ok(Written {
-        entries: frame.entry_count,
-    })
-}
-
-/// True when every queued op is an append nobody waits for.
-fn only_unawaited(q: &Queue, pending: &VecDeque<Op>) -> bool {
-    q.system
-        .iter()
-        .chain(&q.client)
-        .chain(pending)
-        .all(|op| matches!(op, Op::Append(_, None)))
-}
-
-fn unawaited_blocks(q: &Queue) -> u32 {
-    q.system
-        .iter()
-        .chain(&q.client)
-        .map(|op| match op {
-            Op::Append(r, _) => r.data_blocks(),
-            _ => 0,
-        })
-        .sum()
-}
-
-fn clone_err(e: &io::Error) -> io::Error {
+pub(crate) fn clone_err(e: &io::Error) -> io::Error {
     match e.raw_os_error() {
         Some(code) => io::Error::from_raw_os_error(code),
         None => io::Error::new(e.kind(), e.to_string()),

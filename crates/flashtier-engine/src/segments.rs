@@ -7,7 +7,7 @@
 //! then join the end of the free list, in the order the next checkpoint records, which is what
 //! lets recovery follow the log from segment to segment without scanning. One exception: the
 //! segment the log was filling when the newest durable checkpoint was taken waits for the
-//! checkpoint after the next (see `log::Writer::fallback_open`): recovery falling back to that
+//! checkpoint after the next (see `log_writer::Writer::fallback_open`): recovery falling back to that
 //! checkpoint walks the log from the middle of it.
 
 use std::collections::VecDeque;

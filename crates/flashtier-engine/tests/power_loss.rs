@@ -154,7 +154,8 @@ enum Relax {
     /// cut on may be gone.
     Durability,
     /// Records lost with their headers (`Damage::Unknown`): their blocks may read older data, so
-    /// neither durability nor prefix order holds; no garbage, no phantom and atomicity still do.
+    /// neither durability nor prefix order holds; no garbage, no phantom and atomicity still do
+    /// (but for write-through writes not yet flushed: see `History::through_unflushed`).
     Order,
 }
 
@@ -252,16 +253,30 @@ impl History {
         if o.kind != Kind::Write || self.maybe_past_cutoff[i] {
             return false;
         }
+        matches!(self.mode_of(i), Some(Mode::WriteBack | Mode::WriteThrough))
+    }
+
+    /// The mode op `i` ran in; `None` if a mode switch overlapped it.
+    fn mode_of(&self, i: usize) -> Option<Mode> {
+        let o = &self.ops[i];
         let mut mode = self.initial_mode;
         for s in &self.switches {
             if s.start < o.end && o.start < s.end {
-                return false;
+                return None;
             }
             if s.end < o.start {
                 mode = s.to;
             }
         }
-        matches!(mode, Mode::WriteBack | Mode::WriteThrough)
+        Some(mode)
+    }
+
+    /// A write-through write the backing store may hold torn at `t`: written there but not
+    /// flushed. Its log record is what keeps it whole; once records are lost with their
+    /// headers (`Relax::Order`) the cache's copy of it may be dropped and reads see the backing
+    /// store's (found by the long campaign: two damaged headers and a write torn at power loss).
+    fn through_unflushed(&self, i: usize, t: u64) -> bool {
+        self.logged(i) && self.mode_of(i) == Some(Mode::WriteThrough) && !self.durable(i, t)
     }
 
     /// Durable at `t`: acknowledged with FUA, or followed by an acknowledged FLUSH.
@@ -456,7 +471,11 @@ impl History {
             // Atomic units, applied in order. Except with records lost with their headers
             // (`Relax::Order`): replay goes on past such a gap, so an op's unit in the gap may be
             // gone while a later unit of it, after the gap, is applied; each unit that shows is
-            // still all there.
+            // still all there, unless the backing store may hold it torn (then, if its record
+            // was in the gap, reads see that).
+            if relax == Relax::Order && self.through_unflushed(x, t) {
+                continue;
+            }
             let shows = |u: u32| {
                 (0..o.n).any(|k| {
                     let b = o.lba + k;

@@ -23,14 +23,19 @@
 //! ([`crate::policy::admission`]) are decided in `plan` and `read`; prefetch promotes regardless
 //! of both.
 
+mod detach;
 mod params;
 mod pass_through;
 mod plan;
 mod read;
+mod scrub;
 mod write;
 mod write_around;
 mod write_back;
 mod write_through;
+
+pub use detach::{ReleaseError, Released};
+pub use scrub::{ScrubProgress, ScrubReport};
 
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,7 +48,7 @@ use crate::cleaner;
 use crate::engine::{self, Engine, OpenReport};
 use crate::health::BackingOp;
 use crate::layout::superblock::BackingIdentity;
-use crate::log::Writer;
+use crate::log_writer::Writer;
 use crate::policy::{Mode, ReclaimPolicy};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::EngineError;
@@ -118,7 +123,7 @@ pub struct Status {
     /// kept meanwhile and write-back is retried with backoff.
     pub backing_degraded: Option<String>,
     /// What the background cleaner is doing.
-    pub writeback: crate::writeback::WritebackStatus,
+    pub writeback: crate::WritebackStatus,
     /// Blocks whose newest data was lost (reads of them fail until they are written again or
     /// the loss is acknowledged with [`Cache::forget_lost`]).
     pub lost_blocks: u64,
@@ -222,7 +227,7 @@ impl Cache {
             self.write_back_all()?;
         }
         self.e.set_mode_flag(mode);
-        self.e.wake_writeback();
+        self.e.writeback.wake();
         Ok(())
     }
 
@@ -278,7 +283,7 @@ impl Cache {
             failed: self.e.log.failed(),
             cache_failure: self.e.log.failure(),
             backing_degraded: self.e.backing_health.reason(),
-            writeback: self.e.writeback_status.lock().clone(),
+            writeback: self.e.writeback.status.lock().clone(),
             lost_blocks: st.lost.blocks(),
             integrity: integrity_reason(&st.lost, &self.e.recovery_damage),
             recovery: self
@@ -407,7 +412,7 @@ impl Cache {
             return Ok(());
         }
         let (blocks, generations) = std::mem::take(&mut *e.unflushed_write_through.lock());
-        let fg = e.foreground_io();
+        let fg = e.foreground.begin();
         let flushed = engine::flush_backing(e);
         drop(fg);
         if let Err(err) = flushed {
@@ -479,7 +484,7 @@ impl BlockDev for Cache {
         let _held = self.hold_for_backing(offset, len);
         e.backing_unflushed.store(true, Ordering::Release);
         busy.written_unflushed();
-        let _fg = e.foreground_io();
+        let _fg = e.foreground.begin();
         e.backing
             .trim(offset, len)
             .inspect_err(|err| e.backing_failed(BackingOp::Trim, err))
@@ -513,7 +518,7 @@ impl BlockDev for Cache {
             let mut busy = e.guards.busy(first, n);
             self.invalidate(first, n)?;
             let _held = self.hold_for_backing(first * bs, n * bs);
-            let _fg = e.foreground_io();
+            let _fg = e.foreground.begin();
             e.backing
                 .write_zeroes(first * bs, n * bs, opts)
                 .inspect_err(|err| e.backing_failed(BackingOp::Write, err))?;

@@ -27,7 +27,7 @@ impl Cache {
         let changed = e.tunables.set_all(e, settings)?;
         if changed.iter().any(|name| name.starts_with("writeback_")) {
             // The cleaner re-plans at once (a new target, rate or watermark).
-            e.wake_writeback();
+            e.writeback.wake();
         }
         Ok(())
     }

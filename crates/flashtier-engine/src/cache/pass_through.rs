@@ -35,7 +35,7 @@ impl Cache {
     /// Reads the backing store directly (pass-through, the uncached tail).
     pub(super) fn backing_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let e = &*self.e;
-        let _fg = e.foreground_io();
+        let _fg = e.foreground.begin();
         e.backing
             .read_at(buf, offset)
             .inspect_err(|err| e.backing_failed(BackingOp::Read, err))?;
@@ -76,7 +76,7 @@ impl Cache {
         busy: Option<&mut BusyRange<'_>>,
     ) -> io::Result<()> {
         let e = &*self.e;
-        let _fg = e.foreground_io();
+        let _fg = e.foreground.begin();
         e.backing
             .write_at(buf, offset, fua)
             .inspect_err(|err| e.backing_failed(BackingOp::Write, err))?;

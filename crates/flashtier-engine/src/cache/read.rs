@@ -198,7 +198,7 @@ impl Cache {
         let since = e.guards.now();
         let bs = self.block_size();
         {
-            let _fg = e.foreground_io();
+            let _fg = e.foreground.begin();
             e.backing
                 .read_at(buf, lba * bs)
                 .inspect_err(|err| e.backing_failed(BackingOp::Read, err))?;

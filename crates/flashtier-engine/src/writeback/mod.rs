@@ -43,7 +43,6 @@
 pub mod pi;
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,6 +51,7 @@ use crate::engine::Engine;
 use crate::policy::{Mode, ReclaimPolicy};
 use crate::state::{DirtyBlock, State};
 use crate::stats::Stats;
+use crate::writeback_control::WritebackState;
 
 use pi::{Pi, PiConfig};
 
@@ -65,123 +65,6 @@ pub(crate) const MAX_RUNS_PER_PASS: usize = 256;
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
-/// What the background cleaner is doing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum WritebackState {
-    /// Not in write-back mode.
-    #[default]
-    Off,
-    /// Nothing to write back.
-    Idle,
-    /// Dirty data above the high watermark: draining to the low one at full speed.
-    Watermark,
-    /// The backing store has been idle for `writeback_idle_delay_ms`: draining while it is.
-    BackingIdle,
-    /// Blocks older than `writeback_max_age_secs`.
-    Age,
-    /// The rate controller drains towards its target.
-    Controller,
-    /// The last pass failed; backing off before the next.
-    Retrying,
-}
-
-impl WritebackState {
-    /// The name `status`, the stats file and metrics show.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WritebackState::Off => "off",
-            WritebackState::Idle => "idle",
-            WritebackState::Watermark => "watermark",
-            WritebackState::BackingIdle => "backing-idle",
-            WritebackState::Age => "age",
-            WritebackState::Controller => "controller",
-            WritebackState::Retrying => "retrying",
-        }
-    }
-}
-
-impl std::fmt::Display for WritebackState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl PartialEq<&str> for WritebackState {
-    fn eq(&self, other: &&str) -> bool {
-        self.as_str() == *other
-    }
-}
-
-/// What the cleaner is doing, for `status`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct WritebackStatus {
-    /// What the cleaner is doing now.
-    pub state: WritebackState,
-    /// The controller's current rate (bytes/s; 0 when it is not running).
-    pub rate_bytes_per_sec: u64,
-    /// The controller's target in blocks.
-    pub target_blocks: u64,
-}
-
-/// Client I/O to the backing store: how much is in flight, and when the last finished.
-#[derive(Default)]
-pub(crate) struct Foreground {
-    inflight: AtomicU32,
-    /// Milliseconds of engine uptime when the last request started or finished.
-    last_ms: AtomicU64,
-}
-
-/// Held while a client request is at the backing store.
-pub(crate) struct ForegroundIo<'a> {
-    e: &'a Engine,
-}
-
-impl Drop for ForegroundIo<'_> {
-    fn drop(&mut self) {
-        let f = &self.e.foreground;
-        f.last_ms.store(self.e.now_ms(), Ordering::Release);
-        f.inflight.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-impl Foreground {
-    pub(crate) fn busy(&self) -> bool {
-        self.inflight.load(Ordering::Acquire) > 0
-    }
-}
-
-impl Engine {
-    /// Marks a client request to the backing store in flight until the guard drops.
-    pub(crate) fn foreground_io(&self) -> ForegroundIo<'_> {
-        self.foreground.inflight.fetch_add(1, Ordering::AcqRel);
-        self.foreground
-            .last_ms
-            .store(self.now_ms(), Ordering::Release);
-        ForegroundIo { e: self }
-    }
-
-    /// Milliseconds since the last client backing I/O (0 while some is in flight).
-    fn backing_idle_ms(&self) -> u64 {
-        if self.foreground.busy() {
-            return 0;
-        }
-        self.now_ms()
-            .saturating_sub(self.foreground.last_ms.load(Ordering::Acquire))
-    }
-
-    /// Makes the cleaner re-plan now.
-    pub(crate) fn wake_writeback(&self) {
-        self.writeback.lock().wake = true;
-        self.writeback_cv.notify_all();
-    }
-}
-
-#[derive(Default)]
-pub(crate) struct WritebackControl {
-    pub wake: bool,
-    pub stop: bool,
-}
-
 pub(crate) fn spawn(e: Arc<Engine>) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
         .name("writeback".into())
@@ -191,9 +74,7 @@ pub(crate) fn spawn(e: Arc<Engine>) -> std::thread::JoinHandle<()> {
 
 /// Stops the thread (a pass in progress stops before its next backing write).
 pub(crate) fn stop(e: &Engine) {
-    e.writeback_stop.store(true, Ordering::Release);
-    e.writeback.lock().stop = true;
-    e.writeback_cv.notify_all();
+    e.writeback.stop();
 }
 
 /// Why a pass runs, and how.
@@ -244,7 +125,7 @@ impl Cleaner {
 
     fn run(mut self, e: &Engine) {
         loop {
-            if e.writeback.lock().stop {
+            if e.writeback.stopping() {
                 return;
             }
             let plan = self.plan(e);
@@ -275,7 +156,7 @@ impl Cleaner {
 
     fn publish(&self, e: &Engine, state: WritebackState) {
         let target = target_blocks(e);
-        let mut st = e.writeback_status.lock();
+        let mut st = e.writeback.status.lock();
         st.state = state;
         st.rate_bytes_per_sec = if state == WritebackState::Controller {
             self.pi.rate() as u64
@@ -355,7 +236,7 @@ impl Cleaner {
         }
         self.draining = false;
         if let Some(delay) = t.writeback_idle_delay_ms() {
-            if e.backing_idle_ms() >= delay as u64 {
+            if e.foreground.idle_ms() >= delay as u64 {
                 return Plan::Pass {
                     state: WritebackState::BackingIdle,
                     rate: cap,
@@ -452,7 +333,7 @@ impl Cleaner {
                     written_before,
                 )
             },
-            Some(&e.writeback_stop),
+            Some(&e.writeback.cancel),
             pass_io,
         );
         match result {
@@ -477,7 +358,7 @@ impl Cleaner {
                 if backing {
                     Stats::add(&e.stats.writeback_retries, 1);
                 }
-                e.writeback_status.lock().state = WritebackState::Retrying;
+                e.writeback.status.lock().state = WritebackState::Retrying;
                 let wait = self.backoff;
                 self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
                 if !wait_unless_stopped(e, wait, false) {
@@ -508,20 +389,7 @@ fn oldest_dirty_second(e: &Engine, st: &State) -> Option<u32> {
 
 /// Waits `d`, or until woken (if `wakeable`) or stopped; false if stopped.
 fn wait_unless_stopped(e: &Engine, d: Duration, wakeable: bool) -> bool {
-    let deadline = Instant::now() + d;
-    let mut ctl = e.writeback.lock();
-    loop {
-        if ctl.stop {
-            return false;
-        }
-        if wakeable && ctl.wake {
-            ctl.wake = false;
-            return true;
-        }
-        if e.writeback_cv.wait_until(&mut ctl, deadline).timed_out() {
-            return !ctl.stop;
-        }
-    }
+    e.writeback.wait(d, wakeable)
 }
 
 /// Chooses up to `budget` dirty blocks in at most `max_runs` runs: the segments' dirty blocks
