@@ -146,14 +146,11 @@ impl Record {
 pub struct Appended {
     /// Sequence number (0: a promotion dropped because a write raced with it).
     pub seq: u64,
-    /// Slot of the record's first data block (u32::MAX for records without data).
-    pub slot: u32,
+    /// Slot of the record's first data block (`None`: a record without data, or dropped).
+    pub slot: Option<u32>,
 }
 
-pub(crate) const DROPPED: Appended = Appended {
-    seq: 0,
-    slot: u32::MAX,
-};
+pub(crate) const DROPPED: Appended = Appended { seq: 0, slot: None };
 
 /// Where a caller waits for its record or sync.
 pub struct Waiter {

@@ -614,7 +614,7 @@ impl Writer {
             }
             let appended = Appended {
                 seq: first_seq + i as u64,
-                slot: if r.data_blocks() > 0 { slot } else { u32::MAX },
+                slot: (r.data_blocks() > 0).then_some(slot),
             };
             slot += r.data_blocks();
             complete(w, Ok(appended));

@@ -242,6 +242,17 @@ pub fn load_checkpoint(
             continue;
         }
         match Checkpoint::decode_header(&head) {
+            // Checkpoint n is written to slot n % 2: one in the other slot is a copy a media
+            // fault put there over this slot's own (found by the power-loss campaign: the older
+            // checkpoint's header over the newer one's, and recovery took the older for the
+            // newest, missed the segments the newer one had freed, and cut the log).
+            Ok(h) if h.number % 2 != slot as u64 => damage.push(Damage::Checkpoint {
+                slot,
+                error: format!(
+                    "holds the header of checkpoint {}, which belongs in the other slot",
+                    h.number
+                ),
+            }),
             Ok(h) if h.body_len + checkpoint::HEADER_LEN as u64 <= geo.checkpoint_slot_size => {
                 headers.push((h, slot))
             }

@@ -145,7 +145,7 @@ impl Cache {
         lba: u64,
         data: &[u8],
         dirty: bool,
-    ) -> io::Result<Vec<(u64, u32, u32)>> {
+    ) -> io::Result<Vec<(u64, Option<u32>, u32)>> {
         let e = &*self.e;
         let bs = self.block_size() as usize;
         let n = (data.len() / bs) as u64;
@@ -201,12 +201,12 @@ impl Cache {
     /// The blocks `log_blocks` wrote, with their segments' generations (for `mark_clean`).
     pub(super) fn written_blocks(
         &self,
-        records: &[(u64, u32, u32)],
+        records: &[(u64, Option<u32>, u32)],
     ) -> (Vec<DirtyBlock>, Vec<u64>) {
         let blocks: Vec<DirtyBlock> = records
             .iter()
-            .filter(|(_, slot, _)| *slot != u32::MAX)
-            .flat_map(|&(lba, slot, n)| {
+            .filter_map(|&(lba, slot, n)| Some((lba, slot?, n)))
+            .flat_map(|(lba, slot, n)| {
                 (0..n).map(move |i| DirtyBlock {
                     lba: lba + i as u64,
                     slot: slot + i,
