@@ -1224,19 +1224,7 @@ mod tests {
     /// walked sent the walk round that segment forever (found by the corruption campaign).
     #[test]
     fn the_walk_ends_whatever_the_device_holds() {
-        let dev = MemDev::new(1 << 20);
-        let ident = BackingIdentity {
-            size: 8 << 20,
-            name: "test-backing".into(),
-            fingerprint: Vec::new(),
-        };
-        let opts = FormatOptions {
-            segment_size: 64 << 10,
-            ..Default::default()
-        };
-        let sb = crate::format(&dev, ident, opts).unwrap();
-        let geo = sb.geometry;
-        let log = batch::log_id(&sb.uuid);
+        let (dev, geo, log) = small_device();
         let bs = geo.block_size as u64;
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = move |n: u64| {
