@@ -147,7 +147,7 @@ impl Cleaner {
                 }
             };
             if let Some(d) = wait {
-                if !wait_unless_stopped(e, d, true) {
+                if !e.writeback.wait(d, true) {
                     return;
                 }
             }
@@ -361,7 +361,7 @@ impl Cleaner {
                 e.writeback.status.lock().state = WritebackState::Retrying;
                 let wait = self.backoff;
                 self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-                if !wait_unless_stopped(e, wait, false) {
+                if !e.writeback.wait(wait, false) {
                     return Some(Duration::ZERO);
                 }
                 None
@@ -385,11 +385,6 @@ fn oldest_dirty_second(e: &Engine, st: &State) -> Option<u32> {
         .slots_in(e.geo.first_slot(seg), bps)
         .find(|(_, i)| i.dirty)
         .map(|(slot, _)| st.segs.written_at(slot))
-}
-
-/// Waits `d`, or until woken (if `wakeable`) or stopped; false if stopped.
-fn wait_unless_stopped(e: &Engine, d: Duration, wakeable: bool) -> bool {
-    e.writeback.wait(d, wakeable)
 }
 
 /// Chooses up to `budget` dirty blocks in at most `max_runs` runs: the segments' dirty blocks
