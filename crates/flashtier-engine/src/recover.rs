@@ -434,18 +434,20 @@ impl<'a> Walk<'a> {
             }
     }
 
-    /// Whether `h`, the header just read (in `self.block`), may follow the header accepted last.
-    /// A header that carries no records (an empty batch, a seal, a note) does not advance the
-    /// sequence, so a copy of one duplicated from earlier in the log by a media fault has the
-    /// sequence number expected next, and would end the log early or hide the batch it
-    /// overwrote. Its copy of the previous header tells: refused if that copy is intact and not
-    /// the header accepted last (a damaged copy proves nothing either way).
-    fn follows_last(&self, h: &BatchHeader) -> bool {
+    /// Whether the header just read (in `self.block`) may follow the header accepted last.
+    /// The sequence number alone does not tell: a header that carries no records (an empty
+    /// batch, a seal, a note) does not advance it, so a media fault duplicating one from earlier
+    /// in the log over the next header, or the batch after one over it, leaves a header with
+    /// the number expected next that is not the continuation. Taken for it, the first would end
+    /// the log early or hide the batch it overwrote; the second would replay a batch whose
+    /// "data" is the real header and the blocks after it, and lose the intact records (found by
+    /// the long power-loss campaign). Its copy of the previous header tells: refused if that copy
+    /// is intact and not the header accepted last (a damaged copy proves nothing either way).
+    fn follows_last(&self) -> bool {
         let Some(last) = &self.last_own else {
             return true;
         };
-        h.seq_end() != h.seq_first
-            || BatchHeader::decode_prev(&self.block).is_err()
+        BatchHeader::decode_prev(&self.block).is_err()
             || self.block[OWN_LEN..2 * OWN_LEN] == last[..]
     }
 
@@ -482,7 +484,7 @@ impl<'a> Walk<'a> {
             let goes_on = r
                 .own
                 .as_ref()
-                .is_ok_and(|h| self.continues(h, 0) && self.follows_last(h));
+                .is_ok_and(|h| self.continues(h, 0) && self.follows_last());
             if goes_on || !self.scan_segments {
                 self.free.pop_front();
                 self.steps.push(Step::Open(seg));
@@ -506,7 +508,7 @@ impl<'a> Walk<'a> {
                 let (r, _) = self.read(seg, 0);
                 r.own
                     .as_ref()
-                    .is_ok_and(|h| self.continues(h, 0) && self.follows_last(h))
+                    .is_ok_and(|h| self.continues(h, 0) && self.follows_last())
             })
             .or_else(|| self.segment_with_damaged_first_header());
         let Some(seg) = found else { return false };
@@ -719,7 +721,7 @@ impl<'a> Walk<'a> {
             };
             let (r, own) = self.read(seg, at);
             match r.own {
-                Ok(h) if self.continues(&h, at) && self.follows_last(&h) => {
+                Ok(h) if self.continues(&h, at) && self.follows_last() => {
                     self.accept(&h);
                     self.push_header(at, h, own, false);
                     if self.ended {

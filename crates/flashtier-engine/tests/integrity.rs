@@ -1013,6 +1013,47 @@ fn a_duplicated_header_of_no_records_does_not_hide_the_batch_it_overwrote() {
     nothing_unknown_and_blocks_5_to_8_intact(open_default(&cdev, &bdev));
 }
 
+/// The reverse: the batch right after a batch of no records, duplicated over it by a media
+/// fault. Both have the sequence number expected next (a batch of no records does not advance
+/// it), but the copy names the header it overwrote as its predecessor, not the one the walk
+/// accepted last, so it is not the continuation: the batch itself is, and loses nothing.
+/// Before: the copy was taken for the batch, its data (the real header and what follows)
+/// failed their checksums and the intact records were lost (found by the long power-loss
+/// campaign, seed 0x90e510c5 run 1454).
+#[test]
+fn a_batch_duplicated_over_the_header_of_no_records_before_it_loses_nothing() {
+    // A batch of eight blocks, so the copy's "data" runs over the real header into the real data
+    // (with one block the walk recovered before, from the headers after it).
+    for first_write in [1, 8] {
+        let (cdev, bdev, _, _) = vouched_zeroes_then_writes_of(first_write);
+        // The batch writing block 6 (right after the zeroes' vouching batches) and the batch of
+        // no records before it.
+        let headers = headers(&cdev);
+        let (next_at, _) = headers
+            .iter()
+            .find(|(_, h)| h.entries.iter().any(|e| e.lba == 6))
+            .expect("the batch writing block 6");
+        let empty_at = next_at - BS;
+        assert!(
+            headers
+                .iter()
+                .any(|(at, h)| *at == empty_at && h.entries.is_empty()),
+            "a batch of no records right before it"
+        );
+        let mut dup = vec![0u8; BS as usize];
+        cdev.read_at(&mut dup, *next_at).unwrap();
+        cdev.write_at(&dup, empty_at, false).unwrap();
+        let c = open_default(&cdev, &bdev);
+        assert!(
+            !reported(&c, |d| matches!(d, Damage::Record { .. })),
+            "first write of {first_write} blocks: {:?}",
+            c.report().damage
+        );
+        assert_intact(&c, 6..8 + first_write);
+        nothing_unknown_and_blocks_5_to_8_intact(c);
+    }
+}
+
 /// An empty batch and the batch after it, both damaged: the empty one carried no records, and
 /// the header after the second carries a copy of it, so nothing is lost. Before: the second
 /// batch's records were reported unknown.
@@ -1028,12 +1069,21 @@ fn a_damaged_empty_batch_and_the_header_after_it_lose_nothing() {
 /// records), then blocks 6 to 8 written, each flushed, then a crash: the devices, and where
 /// the batch of no records and the batch right after it lie.
 fn vouched_zeroes_then_writes() -> (Arc<MemDev>, Arc<MemDev>, u64, u64) {
+    vouched_zeroes_then_writes_of(1)
+}
+
+/// [`vouched_zeroes_then_writes`], the first write after the zeroes `first` blocks long (blocks
+/// 6 to 6 + `first`), the next two one block each.
+fn vouched_zeroes_then_writes_of(first: u64) -> (Arc<MemDev>, Arc<MemDev>, u64, u64) {
     let (cdev, bdev) = formatted();
     let c = open_default(&cdev, &bdev);
     c.write_at(&block(5), 5 * BS, false).unwrap();
     c.flush().unwrap();
     zero_fua(&c, 5);
-    for i in 6..9 {
+    let data: Vec<u8> = (6..6 + first).flat_map(block).collect();
+    c.write_at(&data, 6 * BS, false).unwrap();
+    c.flush().unwrap();
+    for i in 6 + first..8 + first {
         c.write_at(&block(i), i * BS, false).unwrap();
         c.flush().unwrap();
     }
