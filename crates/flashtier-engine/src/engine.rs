@@ -372,7 +372,7 @@ pub(crate) fn open_engine(
         backing,
         geo,
         state: RwLock::new(recovered.state),
-        log: Log::default(),
+        log: Log::new(atomic_bytes as usize),
         guards: Guards::default(),
         stats: Stats::default(),
         tunables: Default::default(),

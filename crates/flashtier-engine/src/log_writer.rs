@@ -36,12 +36,13 @@ use std::time::{Duration, Instant};
 
 use flashtier_io::AlignedBuf;
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 
 use crate::engine::Engine;
-use crate::layout::batch::{self, BatchHeader, HeaderKind, Kind, OWN_LEN};
+use crate::layout::batch::{self, BatchHeader, Entry, HeaderKind, Kind, OWN_LEN};
 use crate::layout::checkpoint::{CheckpointEntry, Frame, LogHead};
 use crate::log::{
-    complete, Appended, CheckpointError, Log, LogError, Op, Queue, Record, Waiter, Written,
+    complete, Appended, CheckpointError, Log, LogError, Op, Queue, Record, Ticket, Written,
     DROPPED, RESERVE,
 };
 use crate::segments::Head;
@@ -91,7 +92,7 @@ struct InFlight {
     open: Option<u32>,
     /// `Writer::blocks_since_checkpoint` at the snapshot.
     blocks_at_snapshot: u64,
-    waiters: Vec<Arc<Waiter>>,
+    waiters: Vec<Ticket>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -110,6 +111,14 @@ pub struct Writer {
     header: AlignedBuf,
     client_pending: VecDeque<Op>,
     client_blocked: bool,
+    /// The system ops of the round being processed. It swaps with the queue's (empty) system
+    /// queue each round, so the two buffers rotate instead of being allocated per round; the
+    /// same holds for the scratch vectors below, kept empty between uses.
+    system_ops: VecDeque<Op>,
+    batch_recs: Vec<(Record, Option<Ticket>)>,
+    entries: Vec<Entry>,
+    wants_sync: Vec<(Ticket, bool)>,
+    wants_checkpoint: Vec<Option<Ticket>>,
     /// Every record numbered below this was synced to the cache device.
     durable: u64,
     /// The `durable` the last header written carried: a note is due while this lags.
@@ -142,7 +151,7 @@ pub struct Writer {
     /// the request.
     checkpoint_wanted: bool,
     /// Who waits for that checkpoint.
-    checkpoint_waiters: Vec<Arc<Waiter>>,
+    checkpoint_waiters: Vec<Ticket>,
     /// The segment the log was filling when the newest durable checkpoint was taken: recovery
     /// falls back to that checkpoint if the next one is damaged, walking the log from the middle
     /// of this segment, and cannot find the log going on at its start if the segment was reused
@@ -153,6 +162,9 @@ pub struct Writer {
     fallback_open: Option<u32>,
 }
 
+/// A client batch found only the reserve left (see [`Writer::write_batch`]).
+struct Blocked;
+
 /// Why a batch could not be placed.
 enum NoSpace {
     /// Only the reserve is left: client records wait for reclaim.
@@ -161,7 +173,7 @@ enum NoSpace {
 }
 
 struct Batch {
-    recs: Vec<(Record, Option<Arc<Waiter>>)>,
+    recs: Vec<(Record, Option<Ticket>)>,
     data_blocks: u32,
     /// For a batch of no records (see `BatchHeader::ordinal`).
     ordinal: u32,
@@ -174,6 +186,13 @@ impl Batch {
             data_blocks: 0,
             ordinal: 0,
         }
+    }
+
+    /// Empties a written batch: its records (and their buffers) are dropped, the vector kept.
+    fn clear(&mut self) {
+        self.recs.clear();
+        self.data_blocks = 0;
+        self.ordinal = 0;
     }
 
     fn fits(&self, rec: &Record, max_blocks: u32) -> bool {
@@ -202,6 +221,11 @@ impl Writer {
             header: AlignedBuf::zeroed(bs),
             client_pending: VecDeque::new(),
             client_blocked: false,
+            system_ops: VecDeque::new(),
+            batch_recs: Vec::new(),
+            entries: Vec::new(),
+            wants_sync: Vec::new(),
+            wants_checkpoint: Vec::new(),
             // Opening synced what recovery found, so all of it is durable.
             durable: start.next_seq,
             durable_told: start.next_seq,
@@ -321,14 +345,16 @@ impl Writer {
                         }
                     }
                     self.client_pending.extend(q.client.drain(..));
-                    Some((q.system.drain(..).collect::<Vec<_>>(), q.stop))
+                    debug_assert!(self.system_ops.is_empty());
+                    std::mem::swap(&mut q.system, &mut self.system_ops);
+                    Some(q.stop)
                 }
             };
             if let Some(result) = written {
                 self.finish_checkpoint(result);
             }
             self.maybe_start_checkpoint();
-            let Some((system, stop)) = round else {
+            let Some(stop) = round else {
                 if self.log().failed() {
                     self.try_recover();
                 } else {
@@ -336,12 +362,20 @@ impl Writer {
                 }
                 continue;
             };
-            let mut wants_sync = Vec::new();
-            let mut wants_checkpoint = Vec::new();
-            self.process(system, true, &mut wants_sync, &mut wants_checkpoint);
+            let mut wants_sync = std::mem::take(&mut self.wants_sync);
+            let mut wants_checkpoint = std::mem::take(&mut self.wants_checkpoint);
+            let mut system = std::mem::take(&mut self.system_ops);
+            self.process(&mut system, true, &mut wants_sync, &mut wants_checkpoint);
+            debug_assert!(system.is_empty(), "system ops never wait for space");
+            self.system_ops = system;
             if !self.client_blocked {
-                let client: Vec<Op> = self.client_pending.drain(..).collect();
-                self.process(client, false, &mut wants_sync, &mut wants_checkpoint);
+                let mut client = std::mem::take(&mut self.client_pending);
+                self.process(&mut client, false, &mut wants_sync, &mut wants_checkpoint);
+                if self.client_pending.is_empty() {
+                    // Not blocked (a blocked batch put what is left back in `client_pending`):
+                    // keep the buffer.
+                    self.client_pending = client;
+                }
             } else {
                 // Syncs never wait behind blocked records: they only promise durability for
                 // records already acknowledged, and blocked ones are not.
@@ -350,7 +384,12 @@ impl Writer {
                     .drain(..)
                     .partition(|op| matches!(op, Op::Sync(..)));
                 self.client_pending = rest.into();
-                self.process(syncs, false, &mut wants_sync, &mut wants_checkpoint);
+                self.process(
+                    &mut syncs.into(),
+                    false,
+                    &mut wants_sync,
+                    &mut wants_checkpoint,
+                );
             }
             // (A checkpoint syncs the device itself, before its snapshot.)
             if !wants_sync.is_empty() {
@@ -369,14 +408,16 @@ impl Writer {
                     self.write_vouch();
                     result = self.sync_device();
                 }
-                for (w, _) in &wants_sync {
+                for (w, _) in wants_sync.drain(..) {
                     w.complete(result.as_ref().map(|_| DROPPED).map_err(LogError::io));
                 }
             }
-            for w in wants_checkpoint {
+            self.wants_sync = wants_sync;
+            for w in wants_checkpoint.drain(..) {
                 self.checkpoint_wanted = true;
                 self.checkpoint_waiters.extend(w);
             }
+            self.wants_checkpoint = wants_checkpoint;
             if self.checkpoint_due() {
                 self.checkpoint_wanted = true;
             }
@@ -433,15 +474,17 @@ impl Writer {
     /// for the end of the round. Leaves blocked client ops in `client_pending`.
     fn process(
         &mut self,
-        ops: Vec<Op>,
+        ops: &mut VecDeque<Op>,
         system: bool,
-        wants_sync: &mut Vec<(Arc<Waiter>, bool)>,
-        wants_checkpoint: &mut Vec<Option<Arc<Waiter>>>,
+        wants_sync: &mut Vec<(Ticket, bool)>,
+        wants_checkpoint: &mut Vec<Option<Ticket>>,
     ) {
         let max_blocks = MAX_BATCH_BLOCKS.min(self.e.geo.blocks_per_segment() - 1);
-        let mut batch = Batch::new();
-        let mut ops = ops.into_iter();
-        while let Some(op) = ops.next() {
+        let mut batch = Batch {
+            recs: std::mem::take(&mut self.batch_recs),
+            ..Batch::new()
+        };
+        while let Some(op) = ops.pop_front() {
             match op {
                 Op::Append(rec, w) => {
                     if self.log().failed() {
@@ -455,11 +498,11 @@ impl Writer {
                         continue;
                     }
                     if !batch.fits(&rec, max_blocks) {
-                        let full = std::mem::replace(&mut batch, Batch::new());
-                        if let Err(blocked) = self.write_batch(full, system) {
-                            self.requeue_blocked(blocked, Some((rec, w)), ops, system);
+                        if let Err(Blocked) = self.write_batch(&mut batch, system) {
+                            self.requeue_blocked(batch, Some((rec, w)), ops, system);
                             return;
                         }
+                        batch.clear();
                     }
                     batch.data_blocks += rec.data_blocks();
                     batch.recs.push((rec, w));
@@ -469,10 +512,13 @@ impl Writer {
             }
         }
         if !batch.recs.is_empty() {
-            if let Err(blocked) = self.write_batch(batch, system) {
-                self.requeue_blocked(blocked, None, Vec::new().into_iter(), system);
+            if let Err(Blocked) = self.write_batch(&mut batch, system) {
+                self.requeue_blocked(batch, None, ops, system);
+                return;
             }
+            batch.clear();
         }
+        self.batch_recs = batch.recs;
     }
 
     /// A client batch found only the reserve left: put it (and everything after it) back at the
@@ -480,8 +526,8 @@ impl Writer {
     fn requeue_blocked(
         &mut self,
         blocked: Batch,
-        next: Option<(Record, Option<Arc<Waiter>>)>,
-        rest: impl Iterator<Item = Op>,
+        next: Option<(Record, Option<Ticket>)>,
+        rest: &mut VecDeque<Op>,
         system: bool,
     ) {
         debug_assert!(!system, "system batches may use the reserve");
@@ -493,7 +539,7 @@ impl Writer {
         if let Some((r, w)) = next {
             front.push_back(Op::Append(r, w));
         }
-        front.extend(rest);
+        front.extend(rest.drain(..));
         front.extend(self.client_pending.drain(..));
         self.client_pending = front;
         self.client_blocked = true;
@@ -519,13 +565,13 @@ impl Writer {
         }
     }
 
-    /// Writes a batch, applies it, and completes its waiters. `Err(batch)` hands a client batch
-    /// back when only the reserve is left.
-    fn write_batch(&mut self, batch: Batch, system: bool) -> Result<(), Batch> {
+    /// Writes a batch, applies it, and completes its waiters (the caller then clears it).
+    /// `Err(Blocked)`: a client batch found only the reserve left, and was not written.
+    fn write_batch(&mut self, batch: &mut Batch, system: bool) -> Result<(), Blocked> {
         let needed = 1 + batch.data_blocks;
         let head = match self.place(needed, system) {
             Ok(h) => h,
-            Err(NoSpace::Blocked) if !system => return Err(batch),
+            Err(NoSpace::Blocked) if !system => return Err(Blocked),
             Err(NoSpace::Blocked) => {
                 // Reclaim itself ran out of room: its records fail (and it retries once a
                 // checkpoint has freed what it emptied); the log stays healthy.
@@ -545,18 +591,23 @@ impl Writer {
             }
         };
         let geo = self.e.geo;
+        let mut entries = std::mem::take(&mut self.entries);
+        entries.extend(batch.recs.iter().map(|(r, _)| r.entry()));
         let header = BatchHeader {
             seq_first: self.next_seq,
             epoch: self.epoch,
             kind: HeaderKind::Batch,
             durable: self.durable,
             log: self.log_id,
-            entries: batch.recs.iter().map(|(r, _)| r.entry()).collect(),
+            entries,
             ordinal: batch.ordinal,
         };
         header.encode(&self.prev_own[..], &mut self.header);
+        self.entries = header.entries;
+        self.entries.clear();
         let first_slot = geo.first_slot(head.segment) + head.used;
-        let mut iov: Vec<&[u8]> = Vec::with_capacity(1 + batch.recs.len());
+        // Inline for the batches a few clients' 4 KiB writes make.
+        let mut iov: SmallVec<[&[u8]; 64]> = SmallVec::new();
         iov.push(&self.header);
         for (r, _) in &batch.recs {
             if let Some(d) = &r.data {
@@ -862,11 +913,11 @@ impl Writer {
     /// reserve has room.
     fn write_vouch(&mut self) {
         for ordinal in 1..=VOUCHING_HEADERS {
-            let vouch = Batch {
+            let mut vouch = Batch {
                 ordinal,
                 ..Batch::new()
             };
-            if self.write_batch(vouch, true).is_err() {
+            if self.write_batch(&mut vouch, true).is_err() {
                 break;
             }
         }
@@ -940,7 +991,7 @@ impl Writer {
     }
 
     /// Syncs the device and snapshots the state: the first half of a checkpoint.
-    fn begin_checkpoint(&mut self, waiters: Vec<Arc<Waiter>>) -> io::Result<(Job, InFlight)> {
+    fn begin_checkpoint(&mut self, waiters: Vec<Ticket>) -> io::Result<(Job, InFlight)> {
         // The snapshot may only reference records that are durable.
         self.flush_device()?;
         let number = self.checkpoint_number + 1;

@@ -335,7 +335,7 @@ fn move_forward(e: &Engine, blocks: &[DirtyBlock]) -> io::Result<Moved> {
         }
         let run = &sorted[i..j];
         let at = (run[0].slot - first.slot) as usize * bs;
-        let mut data = AlignedBuf::zeroed(run.len() * bs);
+        let mut data = e.log.buffer(run.len() * bs);
         data.copy_from_slice(&victim_data[at..at + run.len() * bs]);
         let rec = Record::new(Kind::Move, run[0].lba, run.len() as u32, Some(data))
             .aux(run[0].slot as u64);

@@ -20,8 +20,9 @@
 //! - **Defence at every layer**: devices re-check ranges and read-only state even though the
 //!   front end validates requests, so a bug above cannot grow a file or write past a partition.
 //!
-//! What is here: [`FileDev`] (files and block devices, O_DIRECT or not), [`AlignedBuf`], the
-//! helpers for sparse and allocated files, [`identity`] (what names a backing store),
+//! What is here: [`FileDev`] (files and block devices, O_DIRECT or not), [`AlignedBuf`] and
+//! [`BufPool`] (aligned buffers, pooled so a request's data reaches a background writer without
+//! an allocation), the helpers for sparse and allocated files, [`identity`] (what names a backing store),
 //! [`signature`] (recognising what a device already holds), [`SlowDev`] (a slow disk, for
 //! `flashtier demo`), and [`sys`]: the few system calls the other crates need, as safe wrappers,
 //! so that the engine and the control plane can `forbid(unsafe_code)`. The devices that exist only
@@ -38,6 +39,7 @@ mod buf;
 mod dev;
 mod file;
 pub mod identity;
+mod pool;
 pub mod signature;
 mod slow;
 pub mod sys;
@@ -47,4 +49,5 @@ pub use alloc::{allocate_existing, allocated_bytes, create_allocated_file};
 pub use buf::{is_aligned, AlignedBuf};
 pub use dev::{check_range, write_zero_buffers, BlockDev, DevInfo, Extent, ZeroOpts};
 pub use file::{create_sparse_file, FileDev, FileOptions};
+pub use pool::{BufPool, PooledBuf};
 pub use slow::SlowDev;

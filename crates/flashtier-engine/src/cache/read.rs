@@ -5,6 +5,7 @@ use std::io;
 use std::sync::atomic::Ordering;
 
 use flashtier_io::{check_range, AlignedBuf};
+use smallvec::SmallVec;
 
 use crate::health::BackingOp;
 use crate::integrity::{self, IntegrityError, Verdict};
@@ -82,10 +83,12 @@ impl Cache {
             Hit { slot: u32, n: u64 },
             Miss { n: u64 },
         }
-        let mut runs: Vec<(u64, Run)> = Vec::new();
-        let mut pinned: Vec<u32> = Vec::new();
+        // Inline up to a 128 KiB read of 4 KiB blocks in a few runs and segments: a read hit
+        // allocates nothing.
+        let mut runs: SmallVec<[(u64, Run); 8]> = SmallVec::new();
+        let mut pinned: SmallVec<[u32; 4]> = SmallVec::new();
         // The checksum each hit's slot was written with, in order.
-        let mut crcs: Vec<u32> = Vec::new();
+        let mut crcs: SmallVec<[u32; 32]> = SmallVec::new();
         {
             let st = e.state.read();
             if let Some(lba) = first_lost(&st, first, count) {
@@ -268,7 +271,7 @@ impl Cache {
                     .fetch_sub(bytes, Ordering::Relaxed);
                 break;
             }
-            let mut buf = AlignedBuf::zeroed(bytes as usize);
+            let mut buf = e.log.buffer(bytes as usize);
             let from = (done * bs) as usize;
             buf.copy_from_slice(&data[from..from + bytes as usize]);
             let mut rec = Record::new(Kind::Promote, lba + done, k as u32, Some(buf));

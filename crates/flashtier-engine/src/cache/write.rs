@@ -5,6 +5,7 @@
 use std::io;
 
 use flashtier_io::AlignedBuf;
+use smallvec::SmallVec;
 
 use crate::cleaner;
 use crate::layout::batch::Kind;
@@ -16,6 +17,11 @@ use crate::stats::Stats;
 
 use super::plan::{Promote, WritePlan};
 use super::Cache;
+
+/// The records `log_blocks` wrote: each one's first block, the slot it landed in, and its
+/// length. Inline for up to four records (a write of four times the atomic size), so a client
+/// write needs no allocation for it.
+pub(super) type Logged = SmallVec<[(u64, Option<u32>, u32); 4]>;
 
 /// How a write holds its blocks in `Engine::write_ranges` (shared by whole-block writes,
 /// exclusive for partial ones).
@@ -138,14 +144,8 @@ impl Cache {
         }
     }
 
-    /// Writes whole blocks `[lba, lba + n)` from `data` into the cache as WRITE records; returns
-    /// each record's first block, the slot it landed in, and its length.
-    pub(super) fn log_blocks(
-        &self,
-        lba: u64,
-        data: &[u8],
-        dirty: bool,
-    ) -> io::Result<Vec<(u64, Option<u32>, u32)>> {
+    /// Writes whole blocks `[lba, lba + n)` from `data` into the cache as WRITE records.
+    pub(super) fn log_blocks(&self, lba: u64, data: &[u8], dirty: bool) -> io::Result<Logged> {
         let e = &*self.e;
         let bs = self.block_size() as usize;
         let n = (data.len() / bs) as u64;
@@ -157,12 +157,12 @@ impl Cache {
                 .count();
             Stats::add(&e.stats.write_hit_blocks, hits as u64);
         }
-        let mut records = Vec::new();
+        let mut records = Logged::new();
         let mut done = 0;
         while done < n {
             let k = (n - done).min(max);
             let from = done as usize * bs;
-            let mut buf = AlignedBuf::zeroed(k as usize * bs);
+            let mut buf = e.log.buffer(k as usize * bs);
             buf.copy_from_slice(&data[from..from + k as usize * bs]);
             e.guards.stamp(lba + done, k);
             let rec = Record::new(Kind::Write, lba + done, k as u32, Some(buf)).dirty(dirty);
@@ -199,10 +199,7 @@ impl Cache {
     }
 
     /// The blocks `log_blocks` wrote, with their segments' generations (for `mark_clean`).
-    pub(super) fn written_blocks(
-        &self,
-        records: &[(u64, Option<u32>, u32)],
-    ) -> (Vec<DirtyBlock>, Vec<u64>) {
+    pub(super) fn written_blocks(&self, records: &Logged) -> (Vec<DirtyBlock>, Vec<u64>) {
         let blocks: Vec<DirtyBlock> = records
             .iter()
             .filter_map(|&(lba, slot, n)| Some((lba, slot?, n)))

@@ -338,8 +338,12 @@ pub fn data_crc(data: &[u8]) -> u32 {
     crc32c::crc32c(data)
 }
 
+/// The CRC32C of each block of a record: inline up to 16 blocks (a 64 KiB record of 4 KiB
+/// blocks), so a client write's record needs no allocation for them.
+pub type BlockCrcs = smallvec::SmallVec<[u32; 16]>;
+
 /// CRC32C of each `block`-byte block of `data`.
-pub fn block_crcs(data: &[u8], block: usize) -> Vec<u32> {
+pub fn block_crcs(data: &[u8], block: usize) -> BlockCrcs {
     data.chunks(block.max(1)).map(crc32c::crc32c).collect()
 }
 
