@@ -652,6 +652,12 @@ impl Writer {
                 h.used += needed;
             }
         }
+        // The data is on the device: the buffers go back to the pool before the waiters wake,
+        // so a client's next write finds one there instead of allocating while this batch
+        // still holds them.
+        for (r, _) in &mut batch.recs {
+            r.data = None;
+        }
         let first_seq = self.next_seq;
         self.next_seq += batch.recs.len() as u64;
         self.log()
