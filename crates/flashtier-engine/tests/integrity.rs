@@ -1033,13 +1033,7 @@ fn a_batch_duplicated_over_the_header_of_no_records_before_it_loses_nothing() {
             .iter()
             .find(|(_, h)| h.entries.iter().any(|e| e.lba == 6))
             .expect("the batch writing block 6");
-        let empty_at = next_at - BS;
-        assert!(
-            headers
-                .iter()
-                .any(|(at, h)| *at == empty_at && h.entries.is_empty()),
-            "a batch of no records right before it"
-        );
+        let empty_at = empty_batch_right_before(&headers, *next_at);
         let mut dup = vec![0u8; BS as usize];
         cdev.read_at(&mut dup, *next_at).unwrap();
         cdev.write_at(&dup, empty_at, false).unwrap();
@@ -1098,14 +1092,21 @@ fn vouched_zeroes_then_writes_of(first: u64) -> (Arc<MemDev>, Arc<MemDev>, u64, 
         .find(|(_, h)| h.seq_first == empty.seq_first && !h.entries.is_empty())
         .expect("the batch after it");
     // The last of the vouching batches lies right before it.
+    let empty_at = empty_batch_right_before(&headers, *next_at);
+    (cdev, bdev, empty_at, *next_at)
+}
+
+/// Where the batch of no records right before the header at `next_at` lies (asserted to be
+/// one).
+fn empty_batch_right_before(headers: &[(u64, BatchHeader)], next_at: u64) -> u64 {
     let empty_at = next_at - BS;
     assert!(
         headers
             .iter()
             .any(|(at, h)| *at == empty_at && h.entries.is_empty()),
-        "a batch of no records right before the next batch"
+        "a batch of no records right before the one at {next_at}"
     );
-    (cdev, bdev, empty_at, *next_at)
+    empty_at
 }
 
 fn nothing_unknown_and_blocks_5_to_8_intact(c: Cache) {
