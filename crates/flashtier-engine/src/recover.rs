@@ -232,6 +232,7 @@ pub fn load_checkpoint(
 ) -> Result<(Checkpoint, Vec<Damage>), EngineError> {
     let mut headers: Vec<(CheckpointHeader, u32)> = Vec::new();
     let mut damage = Vec::new();
+    let mut blank = Vec::new();
     let mut head = AlignedBuf::zeroed(checkpoint::HEADER_LEN);
     for slot in 0..2u32 {
         if let Err(e) = dev.read_at(&mut head, geo.checkpoint_slot_offset(slot)) {
@@ -260,11 +261,30 @@ pub fn load_checkpoint(
                 slot,
                 error: "body larger than the slot".into(),
             }),
-            Err(FormatError::Corrupt(_)) if head[..8] != checkpoint::MAGIC[..] => {}
+            Err(FormatError::Corrupt(_)) if head[..8] != checkpoint::MAGIC[..] => blank.push(slot),
             Err(e) => damage.push(Damage::Checkpoint {
                 slot,
                 error: e.to_string(),
             }),
+        }
+    }
+    // A slot without a checkpoint is unused only on a cache that never wrote checkpoint 1 (format
+    // writes checkpoint 0 to slot 0 and clears slot 1). Once the other slot holds checkpoint 1 or
+    // later, this one held its predecessor at least: a blank slot is a checkpoint wiped out, maybe
+    // the newer one (found by the power-loss campaign: a zeroed newest checkpoint was taken for an
+    // unused slot, recovery replayed from the older one as if it were the newest, did not look
+    // for the log in the segments the newer one had freed, and cut it).
+    if let Some(newest) = headers.iter().map(|(h, _)| h.number).max() {
+        for slot in blank {
+            if newest >= 1 {
+                damage.push(Damage::Checkpoint {
+                    slot,
+                    error: format!(
+                        "holds no checkpoint, though checkpoint {newest} in the other slot \
+                         means it held one"
+                    ),
+                });
+            }
         }
     }
     // Newest first; a damaged body falls back to the other checkpoint.

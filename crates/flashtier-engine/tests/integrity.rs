@@ -1268,17 +1268,53 @@ fn after_records_lost_with_their_headers_nothing_unsynced_is_replayed() {
 /// flushed writes were lost without any damage reported (found by the power-loss campaign).
 #[test]
 fn a_checkpoint_header_copied_into_the_other_slot_is_damage() {
-    // Rewrites of 64 blocks, each flushed: reclaim frees segments and checkpoints follow. Until
-    // the newest is in slot 1 (checkpoints are written in the background: a scenario that ends
-    // with it in slot 0 is run again): a copy of slot 0's header there gives two headers of the
-    // same number, and slot 0's checks out.
+    let (cdev, bdev, g, model) = newest_checkpoint_in_slot_1();
+    // A copy of slot 0's header over slot 1's gives two headers of the same number, and slot
+    // 0's checks out.
+    let (older, newer) = (0, 1);
+    let mut head = vec![0u8; BS as usize];
+    cdev.read_at(&mut head, g.checkpoint_slot_offset(older))
+        .unwrap();
+    cdev.write_at(&head, g.checkpoint_slot_offset(newer), false)
+        .unwrap();
+    newer_checkpoint_damaged_and_nothing_lost(&cdev, &bdev, newer, &model);
+}
+
+/// The newest checkpoint's header zeroed: a blank slot, but the other slot's checkpoint number
+/// says it held one, so it is damage, not an unused slot, and recovery falls back to the older
+/// checkpoint knowing the newer is gone. Before: it was taken for an unused slot, the older
+/// checkpoint for the newest, and the log was cut where it went on in a segment the newer one
+/// had freed (found by the long power-loss campaign, seed 0x5eed1126 run 1102).
+#[test]
+fn a_zeroed_checkpoint_header_is_damage_not_an_unused_slot() {
+    let (cdev, bdev, g, model) = newest_checkpoint_in_slot_1();
+    let newer = 1;
+    cdev.write_at(
+        &vec![0u8; BS as usize],
+        g.checkpoint_slot_offset(newer),
+        false,
+    )
+    .unwrap();
+    newer_checkpoint_damaged_and_nothing_lost(&cdev, &bdev, newer, &model);
+}
+
+/// A cache that took rewrites of 64 blocks, each flushed, and crashed with its newest checkpoint
+/// in slot 1 (so later than checkpoint 1): the devices, the geometry and what the blocks hold.
+fn newest_checkpoint_in_slot_1() -> (
+    Arc<MemDev>,
+    Arc<MemDev>,
+    flashtier_engine::Geometry,
+    Vec<u8>,
+) {
+    // Reclaim frees segments and checkpoints follow. Checkpoints are written in the background:
+    // a scenario that ends with the newest in slot 0 is run again.
     let number = |dev: &MemDev, g: &flashtier_engine::Geometry, slot: u32| {
         let mut head = vec![0u8; BS as usize];
         dev.read_at(&mut head, g.checkpoint_slot_offset(slot))
             .unwrap();
         u64::from_le_bytes(head[16..24].try_into().unwrap())
     };
-    let (cdev, bdev, g, model) = (0..50)
+    (0..50)
         .map(|_| {
             let cdev = Arc::new(MemDev::new(2 << 20));
             let bdev = Arc::new(MemDev::new(BACKING as usize));
@@ -1297,15 +1333,17 @@ fn a_checkpoint_header_copied_into_the_other_slot_is_damage() {
             (cdev, bdev, g, model)
         })
         .find(|(cdev, _, g, _)| number(cdev, g, 1) > number(cdev, g, 0).max(1))
-        .expect("no run ended with the newest checkpoint in slot 1");
-    let (older, newer) = (0, 1);
-    let mut head = vec![0u8; BS as usize];
-    cdev.read_at(&mut head, g.checkpoint_slot_offset(older))
-        .unwrap();
-    cdev.write_at(&head, g.checkpoint_slot_offset(newer), false)
-        .unwrap();
+        .expect("no run ended with the newest checkpoint in slot 1")
+}
 
-    let c = open_default(&cdev, &bdev);
+/// Opens the cache: the damage to slot `newer` is reported, and every flushed write reads back.
+fn newer_checkpoint_damaged_and_nothing_lost(
+    cdev: &Arc<MemDev>,
+    bdev: &Arc<MemDev>,
+    newer: u32,
+    model: &[u8],
+) {
+    let c = open_default(cdev, bdev);
     assert!(
         c.report()
             .damage
