@@ -274,18 +274,15 @@ pub fn load_checkpoint(
     // the newer one (found by the power-loss campaign: a zeroed newest checkpoint was taken for an
     // unused slot, recovery replayed from the older one as if it were the newest, did not look
     // for the log in the segments the newer one had freed, and cut it).
-    if let Some(newest) = headers.iter().map(|(h, _)| h.number).max() {
-        for slot in blank {
-            if newest >= 1 {
-                damage.push(Damage::Checkpoint {
-                    slot,
-                    error: format!(
-                        "holds no checkpoint, though checkpoint {newest} in the other slot \
-                         means it held one"
-                    ),
-                });
-            }
-        }
+    let newest = headers.iter().map(|(h, _)| h.number).max().unwrap_or(0);
+    if newest >= 1 {
+        damage.extend(blank.into_iter().map(|slot| Damage::Checkpoint {
+            slot,
+            error: format!(
+                "holds no checkpoint, though checkpoint {newest} in the other slot means it \
+                 held one"
+            ),
+        }));
     }
     // Newest first; a damaged body falls back to the other checkpoint.
     headers.sort_by_key(|(h, _)| std::cmp::Reverse(h.number));

@@ -68,7 +68,8 @@ impl BufPool {
     }
 
     /// Idle buffers held, all classes together.
-    pub fn idle_buffers(&self) -> usize {
+    #[cfg(test)]
+    fn idle_buffers(&self) -> usize {
         self.classes
             .iter()
             .map(|c| c.idle.lock().unwrap_or_else(|p| p.into_inner()).len())
