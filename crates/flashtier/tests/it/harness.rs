@@ -271,9 +271,25 @@ impl Server {
         let logs = tempfile::tempdir().expect("tempdir");
         let stderr_path = logs.path().join("stderr.log");
         let stderr = std::fs::File::create(&stderr_path).expect("log file");
+        // Servers of tests running at once must not share the default control socket and stats
+        // file (`/run/flashtier/` as root): the second one would fail with "Address already in
+        // use" (found as a flaky CI failure of `tcp_listen_on_port_zero_reports_the_real_port`
+        // while the MariaDB test's server held the default socket). Each gets its own unless the
+        // test names them (or a config file does).
+        let private = |flag: &str| !args.iter().any(|a| *a == flag || *a == "--config");
+        let mut own = Vec::new();
+        if private("--control-socket") {
+            own.push("--control-socket".to_string());
+            own.push(logs.path().join("control.sock").display().to_string());
+        }
+        if private("--stats-file") {
+            own.push("--stats-file".to_string());
+            own.push(logs.path().join("stats").display().to_string());
+        }
         let mut child = Command::new(BIN)
             .arg("serve")
             .args(args)
+            .args(&own)
             .env("FLASHTIER_LOG", "info")
             .envs(env.iter().copied())
             .stdin(Stdio::null())
