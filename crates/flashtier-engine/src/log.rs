@@ -1,7 +1,7 @@
 //! The log's handle: what callers append and wait on. One thread, the log writer
-//! (`log_writer`), drains the queue into batches on the cache device; this module knows nothing
-//! of the engine, so the engine can hold the handle without depending on the thread that takes
-//! `&Engine`.
+//! (`log_writer`), drains the queue into batches on the cache device, unless a caller finds it
+//! idle and writes its own op (see [`Lead`]); this module knows nothing of the engine, so the
+//! engine can hold the handle without depending on the thread that takes `&Engine`.
 //!
 //! Callers append records and (usually) wait for them to be written and applied, or wait for a
 //! sync: one `fdatasync` of the cache device covering everything appended before it, shared by
@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock, Weak};
 use std::time::Instant;
 
 use flashtier_io::{BufPool, PooledBuf};
@@ -218,6 +218,13 @@ impl Ticket {
         self.waiter.ready.notify_one();
     }
 
+    /// Whether the writer completed this wait (and nobody took the result yet).
+    #[cfg(test)]
+    pub(crate) fn is_done(&self) -> bool {
+        let slot = self.waiter.slot.lock();
+        slot.ticket == self.ticket && slot.result.is_some()
+    }
+
     pub(crate) fn wait(&self) -> Result<Appended, LogError> {
         let mut slot = self.waiter.slot.lock();
         loop {
@@ -256,6 +263,29 @@ pub(crate) struct Queue {
     pub(crate) reclaim_failed: Option<LogError>,
     /// The checkpoint thread wrote (or failed to write) the checkpoint in flight.
     pub(crate) checkpoint_written: Option<Result<Written, CheckpointError>>,
+    /// A round of the writer's is running, on its thread or a caller's (see [`Lead`]).
+    pub(crate) leading: bool,
+}
+
+impl Queue {
+    /// Something for the writer's thread: ops, news of reclaim or a checkpoint, or a stop.
+    pub(crate) fn has_work(&self) -> bool {
+        !self.client.is_empty()
+            || !self.system.is_empty()
+            || self.stop
+            || self.kicked
+            || self.reclaim_failed.is_some()
+            || self.checkpoint_written.is_some()
+    }
+}
+
+/// Runs a caller's op on the caller's own thread when the log writer is idle, as the writer's
+/// thread would (`log_writer::Rounds`); a narrow handle, so this module needs nothing of the
+/// writer.
+pub(crate) trait Lead: Send + Sync {
+    /// `None`: done. `Some(op)` back: the writer is busy or has work queued; queue the op for
+    /// its thread.
+    fn lead(&self, system: bool, op: Op) -> Option<Op>;
 }
 
 /// Why writing a checkpoint failed (each fails the log, as a failed batch write does).
@@ -290,6 +320,9 @@ pub(crate) struct Written {
 /// allocated after a burst): a thousand 4 KiB writes in flight reuse their buffers.
 const POOLED_BYTES_PER_CLASS: usize = 4 << 20;
 
+/// Ops each queue has room for before it grows.
+const QUEUED_OPS: usize = 64;
+
 /// The handle callers use; the writer thread owns the rest.
 pub struct Log {
     pub(crate) queue: Mutex<Queue>,
@@ -303,19 +336,28 @@ pub struct Log {
     pub queued_promotion_bytes: AtomicU64,
     /// Where records' data buffers come from and return to once written.
     buffers: Arc<BufPool>,
+    /// Set once the writer runs. Weak: the writer holds the engine, which holds this.
+    leader: OnceLock<Weak<dyn Lead>>,
 }
 
 impl Log {
     /// A log handle whose records carry at most `largest_record` bytes of data.
     pub(crate) fn new(largest_record: usize) -> Log {
         Log {
-            queue: Mutex::default(),
+            // Room from the start: callers that lead (see `Lead`) seldom queue, so the queues
+            // would otherwise first grow, allocating, on some later client write.
+            queue: Mutex::new(Queue {
+                client: VecDeque::with_capacity(QUEUED_OPS),
+                system: VecDeque::with_capacity(QUEUED_OPS),
+                ..Queue::default()
+            }),
             work: Condvar::new(),
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
             applied_seq: AtomicU64::new(0),
             queued_promotion_bytes: AtomicU64::new(0),
             buffers: BufPool::new(largest_record, POOLED_BYTES_PER_CLASS),
+            leader: OnceLock::new(),
         }
     }
 
@@ -323,6 +365,22 @@ impl Log {
     /// it): from the pool, back to the pool when the record has been written.
     pub fn buffer(&self, len: usize) -> PooledBuf {
         self.buffers.take(len)
+    }
+
+    pub(crate) fn set_leader(&self, leader: Weak<dyn Lead>) {
+        let _ = self.leader.set(leader);
+    }
+
+    /// Carries out an awaited op on this thread if the writer is idle, else queues it.
+    fn submit(&self, system: bool, op: Op) {
+        let op = match self.leader.get().and_then(Weak::upgrade) {
+            Some(leader) => match leader.lead(system, op) {
+                None => return,
+                Some(op) => op,
+            },
+            None => op,
+        };
+        self.push(system, op);
     }
 
     pub(crate) fn push(&self, system: bool, op: Op) {
@@ -372,7 +430,7 @@ impl Log {
     pub fn append(&self, rec: Record, system: bool) -> Result<Appended, LogError> {
         self.check_failed()?;
         let w = Waiter::ticket();
-        self.push(system, Op::Append(rec, Some(w.clone())));
+        self.submit(system, Op::Append(rec, Some(w.clone())));
         w.wait()
     }
 
@@ -401,7 +459,7 @@ impl Log {
     pub(crate) fn sync_op(&self, system: bool, vouch: bool) -> Result<(), LogError> {
         self.check_failed()?;
         let w = Waiter::ticket();
-        self.push(system, Op::Sync(w.clone(), vouch));
+        self.submit(system, Op::Sync(w.clone(), vouch));
         w.wait().map(drop)
     }
 

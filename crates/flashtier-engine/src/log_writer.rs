@@ -1,5 +1,6 @@
 //! The log writer: one thread turns appended records (see `log`, the handle callers use) into
-//! batches on the cache device.
+//! batches on the cache device. A caller that finds the writer idle runs the round itself, on
+//! its own thread (see [`Rounds`]); rounds never overlap, so what follows holds for both.
 //!
 //! Callers append records and (usually) wait; the writer takes everything queued, packs it into
 //! batches (one header block plus the records' data, written with one vectored write), applies
@@ -35,14 +36,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flashtier_io::AlignedBuf;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 
 use crate::engine::Engine;
 use crate::layout::batch::{self, BatchHeader, Entry, HeaderKind, Kind, OWN_LEN};
 use crate::layout::checkpoint::{CheckpointEntry, Frame, LogHead};
 use crate::log::{
-    complete, Appended, CheckpointError, Log, LogError, Op, Queue, Record, Ticket, Written,
+    complete, Appended, CheckpointError, Lead, Log, LogError, Op, Queue, Record, Ticket, Written,
     DROPPED, RESERVE,
 };
 use crate::segments::Head;
@@ -51,6 +52,8 @@ use crate::stats::Stats;
 
 /// Most data blocks in one batch (2 MiB at 4 KiB blocks).
 const MAX_BATCH_BLOCKS: u32 = 512;
+/// Room the writer's queues and scratch vectors start with.
+const SCRATCH: usize = 64;
 /// A checkpoint is written at least this often while the log moves, bounding replay time.
 const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(30);
 /// When only records nobody waits for are queued (promotions, reclaim bookkeeping), the writer
@@ -117,7 +120,7 @@ pub struct Writer {
     system_ops: VecDeque<Op>,
     batch_recs: Vec<(Record, Option<Ticket>)>,
     entries: Vec<Entry>,
-    wants_sync: Vec<(Ticket, bool)>,
+    wants_sync: Vec<WantsSync>,
     wants_checkpoint: Vec<Option<Ticket>>,
     /// Every record numbered below this was synced to the cache device.
     durable: u64,
@@ -132,8 +135,9 @@ pub struct Writer {
     prev_own: Box<[u8; OWN_LEN]>,
     /// This cache's log id, in every header.
     log_id: u64,
-    /// Data slots written since the last good sync, as `(first slot, count)`: after a failed
-    /// sync, these are what must be read back and checked before the log goes on.
+    /// Data slots written since the last good sync, as `(first slot, count)` (a stretch may span
+    /// the headers between batches; see `note_unsynced`): after a failed sync, these are what
+    /// must be read back and checked before the log goes on.
     unsynced: Vec<(u32, u32)>,
     /// A seal the log owes: a failed batch lies at this head, and sealing over it failed too.
     owed_seal: Option<Head>,
@@ -160,6 +164,15 @@ pub struct Writer {
     /// campaign: a checkpoint in flight leaves the reserve reached, the head sealed and emptied
     /// more often.) None when not known (after opening: as before).
     fallback_open: Option<u32>,
+}
+
+/// A sync asked for in the round being run.
+struct WantsSync {
+    ticket: Ticket,
+    /// See [`Log::sync_vouched`].
+    vouch: bool,
+    /// Asked by the cleaner or reclaim (the system queue).
+    system: bool,
 }
 
 /// A client batch found only the reserve left (see [`Writer::write_batch`]).
@@ -200,6 +213,120 @@ impl Batch {
     }
 }
 
+/// The writer's state and who may run a round with it: the log-writer thread, or a caller that
+/// finds the writer idle and nothing queued (leader/follower, as in group-commit databases).
+/// A caller that leads writes its own record or syncs the device on its own thread, sparing the
+/// two thread switches of handing its op to the writer and being woken by it: at QD1 those, not
+/// the I/O, were most of a commit's time (bench/results/hotpath.md). Under load the queue is
+/// seldom empty, so the thread batches as before.
+///
+/// `Queue::leading` says a round is running; only its runner holds `writer`. The thread takes
+/// `writer` only while holding the queue with `leading` false, and a caller only sets `leading`
+/// while holding the queue, so neither waits for `writer` while the other holds it.
+struct Rounds {
+    writer: Mutex<Writer>,
+    e: Arc<Engine>,
+}
+
+/// What the thread does after `Writer::decide`.
+enum Decision {
+    /// A round: ops are queued, a checkpoint needs finishing or starting, or the log stops.
+    Work,
+    /// Nothing to do: sleep up to `wait`, and if nothing comes meanwhile, do `then`.
+    Idle {
+        wait: Duration,
+        then: Option<AfterIdle>,
+    },
+}
+
+#[derive(Clone, Copy)]
+enum AfterIdle {
+    /// Retry the failed log.
+    Recover,
+    /// Write a note of the last sync.
+    Note,
+}
+
+impl Rounds {
+    /// The log-writer thread.
+    fn run(&self) {
+        let log = &self.e.log;
+        let mut q = log.queue.lock();
+        loop {
+            if q.leading {
+                // A caller's round: it wakes this thread if it leaves anything for it. The timeout
+                // keeps the checkpoint schedule going if it leaves nothing.
+                log.work.wait_for(&mut q, Duration::from_secs(1));
+                continue;
+            }
+            // Nobody leads, and nobody can start to while this thread holds the queue.
+            let mut w = self.writer.lock();
+            if let Decision::Idle { wait, then } = w.decide(&mut q) {
+                drop(w);
+                let timed_out = log.work.wait_for(&mut q, wait).timed_out();
+                let quiet = q.system.is_empty() && q.client.is_empty() && !q.stop && !q.leading;
+                let Some(then) = then.filter(|_| timed_out && quiet) else {
+                    continue;
+                };
+                w = self.writer.lock();
+                // A caller's round meanwhile may have carried the news a note would.
+                let still_due = match then {
+                    AfterIdle::Recover => log.failed(),
+                    AfterIdle::Note => w.note_due(),
+                };
+                if !still_due {
+                    continue;
+                }
+            }
+            q.leading = true;
+            let (written, round) = w.gather(&mut q);
+            drop(q);
+            let done = w.round(written, round);
+            drop(w);
+            q = log.queue.lock();
+            q.leading = false;
+            if done {
+                return;
+            }
+        }
+    }
+}
+
+impl Lead for Rounds {
+    fn lead(&self, system: bool, op: Op) -> Option<Op> {
+        let log = &self.e.log;
+        let mut q = log.queue.lock();
+        if q.leading || q.has_work() {
+            return Some(op);
+        }
+        // Free: the thread holds it only while it holds the queue or leads.
+        let Some(mut w) = self.writer.try_lock() else {
+            return Some(op);
+        };
+        if !w.ready_for_a_leader() {
+            return Some(op);
+        }
+        q.leading = true;
+        drop(q);
+        if system {
+            w.system_ops.push_back(op);
+        } else {
+            w.client_pending.push_back(op);
+        }
+        w.run_ops();
+        let thread_needed = w.thread_needed();
+        drop(w);
+        let mut q = log.queue.lock();
+        q.leading = false;
+        let wake = thread_needed || q.has_work();
+        drop(q);
+        if wake {
+            log.work.notify_one();
+        }
+        None
+    }
+}
+
 impl Writer {
     pub(crate) fn new(
         e: Arc<Engine>,
@@ -219,20 +346,22 @@ impl Writer {
             epoch: start.epoch,
             checkpoint_number: start.checkpoint_number,
             header: AlignedBuf::zeroed(bs),
-            client_pending: VecDeque::new(),
+            // Room from the start, as for the log's queues: a caller that leads a round must
+            // not be the one whose op makes them grow.
+            client_pending: VecDeque::with_capacity(SCRATCH),
             client_blocked: false,
-            system_ops: VecDeque::new(),
-            batch_recs: Vec::new(),
-            entries: Vec::new(),
-            wants_sync: Vec::new(),
+            system_ops: VecDeque::with_capacity(SCRATCH),
+            batch_recs: Vec::with_capacity(SCRATCH),
+            entries: Vec::with_capacity(SCRATCH),
+            wants_sync: Vec::with_capacity(SCRATCH),
             wants_checkpoint: Vec::new(),
+            unsynced: Vec::with_capacity(SCRATCH),
             // Opening synced what recovery found, so all of it is durable.
             durable: start.next_seq,
             durable_told: start.next_seq,
             durable_in_batch: start.next_seq,
             prev_own: start.last_header.clone(),
             log_id: start.log_id,
-            unsynced: Vec::new(),
             owed_seal: None,
             retry: FIRST_RETRY,
             last_checkpoint: Instant::now(),
@@ -250,10 +379,19 @@ impl Writer {
         }
     }
 
+    /// Starts the log-writer thread, and lets callers that find it idle run their own op (see
+    /// [`Rounds`]).
     pub fn spawn(self) -> std::thread::JoinHandle<()> {
+        let e = self.e.clone();
+        let rounds = Arc::new(Rounds {
+            writer: Mutex::new(self),
+            e: e.clone(),
+        });
+        let lead: Arc<dyn Lead> = rounds.clone();
+        e.log.set_leader(Arc::downgrade(&lead));
         std::thread::Builder::new()
             .name("log-writer".into())
-            .spawn(move || self.run())
+            .spawn(move || rounds.run())
             .expect("cannot spawn the log writer")
     }
 
@@ -261,185 +399,225 @@ impl Writer {
         &self.e.log
     }
 
-    fn run(mut self) {
-        loop {
-            let written;
-            let round = {
-                let log = &self.e.log;
-                let mut q = log.queue.lock();
-                loop {
-                    if q.kicked {
-                        q.kicked = false;
-                        self.client_blocked = false;
-                    }
-                    let reclaim_failed = q.reclaim_failed.take();
-                    if self.client_blocked && (reclaim_failed.is_some() || log.failed()) {
-                        // Waiting would hang them: the space they wait for may never come.
-                        let err = reclaim_failed
-                            .unwrap_or_else(|| log.check_failed().expect_err("the log failed"));
-                        // Syncs among them are carried out, not failed with reclaim's error:
-                        // they promise only acknowledged records, and a FLUSH must learn from
-                        // the device itself whether it holds them (found as a flaky test: a
-                        // FLUSH failed with the backing store's EIO, and the dead cache device
-                        // went unnoticed).
-                        let (syncs, blocked): (VecDeque<Op>, VecDeque<Op>) = self
-                            .client_pending
-                            .drain(..)
-                            .partition(|op| matches!(op, Op::Sync(..)));
-                        self.fail_ops(blocked.into(), &err);
-                        self.client_pending = syncs;
-                        self.client_blocked = false;
-                    }
-                    let client_ready = !self.client_blocked
-                        && (!q.client.is_empty() || !self.client_pending.is_empty());
-                    if !q.system.is_empty() || client_ready || q.stop {
-                        break;
-                    }
-                    // The checkpoint in flight was written, or one waited for it to finish.
-                    if q.checkpoint_written.is_some()
-                        || (self.checkpoint_wanted && self.inflight.is_none())
-                    {
-                        break;
-                    }
-                    if self.checkpoint_due() {
-                        q.system.push_back(Op::Checkpoint(None));
-                        break;
-                    }
-                    if log.failed() && !q.stop {
-                        if log.work.wait_for(&mut q, self.retry).timed_out()
-                            && q.system.is_empty()
-                            && q.client.is_empty()
-                        {
-                            break;
-                        }
-                        continue;
-                    }
-                    if self.note_due() {
-                        if log.work.wait_for(&mut q, NOTE_DELAY).timed_out()
-                            && q.system.is_empty()
-                            && q.client.is_empty()
-                            && !q.stop
-                        {
-                            break;
-                        }
-                        continue;
-                    }
-                    log.work.wait_for(&mut q, Duration::from_secs(1));
-                }
-                written = q.checkpoint_written.take();
-                let checkpoint_news = written.is_some() || self.checkpoint_wanted;
-                let idle = q.system.is_empty()
-                    && q.client.is_empty()
-                    && !q.stop
-                    && (self.client_blocked || self.client_pending.is_empty());
-                if idle && (self.note_due() || log.failed()) {
-                    None
-                } else {
-                    if !q.stop && !checkpoint_news && only_unawaited(&q, &self.client_pending) {
-                        let deadline = Instant::now() + LINGER;
-                        while !q.stop
-                            && only_unawaited(&q, &self.client_pending)
-                            && unawaited_blocks(&q) < LINGER_BLOCKS
-                            && !log.work.wait_until(&mut q, deadline).timed_out()
-                        {
-                        }
-                    }
-                    self.client_pending.extend(q.client.drain(..));
-                    debug_assert!(self.system_ops.is_empty());
-                    std::mem::swap(&mut q.system, &mut self.system_ops);
-                    Some(q.stop)
-                }
+    /// Whether the thread has work now, or how long it may sleep (and what it does if nothing
+    /// comes meanwhile).
+    fn decide(&mut self, q: &mut Queue) -> Decision {
+        let log = &self.e.log;
+        if q.kicked {
+            q.kicked = false;
+            self.client_blocked = false;
+        }
+        let reclaim_failed = q.reclaim_failed.take();
+        if self.client_blocked && (reclaim_failed.is_some() || log.failed()) {
+            // Waiting would hang them: the space they wait for may never come.
+            let err =
+                reclaim_failed.unwrap_or_else(|| log.check_failed().expect_err("the log failed"));
+            // Syncs among them are carried out, not failed with reclaim's error: they promise
+            // only acknowledged records, and a FLUSH must learn from the device itself whether
+            // it holds them (found as a flaky test: a FLUSH failed with the backing store's EIO,
+            // and the dead cache device went unnoticed).
+            let (syncs, blocked): (VecDeque<Op>, VecDeque<Op>) = self
+                .client_pending
+                .drain(..)
+                .partition(|op| matches!(op, Op::Sync(..)));
+            self.fail_ops(blocked.into(), &err);
+            self.client_pending = syncs;
+            self.client_blocked = false;
+        }
+        let client_ready =
+            !self.client_blocked && (!q.client.is_empty() || !self.client_pending.is_empty());
+        if !q.system.is_empty() || client_ready || q.stop {
+            return Decision::Work;
+        }
+        // The checkpoint in flight was written, or one waited for it to finish.
+        if q.checkpoint_written.is_some() || (self.checkpoint_wanted && self.inflight.is_none()) {
+            return Decision::Work;
+        }
+        if self.checkpoint_due() {
+            q.system.push_back(Op::Checkpoint(None));
+            return Decision::Work;
+        }
+        if log.failed() {
+            return Decision::Idle {
+                wait: self.retry,
+                then: Some(AfterIdle::Recover),
             };
-            if let Some(result) = written {
-                self.finish_checkpoint(result);
-            }
-            self.maybe_start_checkpoint();
-            let Some(stop) = round else {
-                if self.log().failed() {
-                    self.try_recover();
-                } else {
-                    self.write_note();
-                }
-                continue;
+        }
+        if self.note_due() {
+            return Decision::Idle {
+                wait: NOTE_DELAY,
+                then: Some(AfterIdle::Note),
             };
-            let mut wants_sync = std::mem::take(&mut self.wants_sync);
-            let mut wants_checkpoint = std::mem::take(&mut self.wants_checkpoint);
-            let mut system = std::mem::take(&mut self.system_ops);
-            self.process(&mut system, true, &mut wants_sync, &mut wants_checkpoint);
-            debug_assert!(system.is_empty(), "system ops never wait for space");
-            self.system_ops = system;
-            if !self.client_blocked {
-                let mut client = std::mem::take(&mut self.client_pending);
-                self.process(&mut client, false, &mut wants_sync, &mut wants_checkpoint);
-                if self.client_pending.is_empty() {
-                    // Not blocked (a blocked batch put what is left back in `client_pending`):
-                    // keep the buffer.
-                    self.client_pending = client;
-                }
+        }
+        Decision::Idle {
+            wait: Duration::from_secs(1),
+            then: None,
+        }
+    }
+
+    /// Takes the round's ops off the queue (lingering first when only records nobody waits for
+    /// are queued). `None`: nothing to write, only a note or a retry of the failed log.
+    fn gather(
+        &mut self,
+        q: &mut MutexGuard<'_, Queue>,
+    ) -> (Option<Result<Written, CheckpointError>>, Option<bool>) {
+        let log = &self.e.log;
+        let written = q.checkpoint_written.take();
+        let checkpoint_news = written.is_some() || self.checkpoint_wanted;
+        let idle = q.system.is_empty()
+            && q.client.is_empty()
+            && !q.stop
+            && (self.client_blocked || self.client_pending.is_empty());
+        if idle && (self.note_due() || log.failed()) {
+            return (written, None);
+        }
+        if !q.stop && !checkpoint_news && only_unawaited(q, &self.client_pending) {
+            let deadline = Instant::now() + LINGER;
+            while !q.stop
+                && only_unawaited(q, &self.client_pending)
+                && unawaited_blocks(q) < LINGER_BLOCKS
+                && !log.work.wait_until(q, deadline).timed_out()
+            {}
+        }
+        self.client_pending.extend(q.client.drain(..));
+        debug_assert!(self.system_ops.is_empty());
+        std::mem::swap(&mut q.system, &mut self.system_ops);
+        (written, Some(q.stop))
+    }
+
+    /// One round of the thread's: what `gather` took. True once the log is stopped and done.
+    fn round(
+        &mut self,
+        written: Option<Result<Written, CheckpointError>>,
+        round: Option<bool>,
+    ) -> bool {
+        if let Some(result) = written {
+            self.finish_checkpoint(result);
+        }
+        self.maybe_start_checkpoint();
+        let Some(stop) = round else {
+            if self.log().failed() {
+                self.try_recover();
             } else {
-                // Syncs never wait behind blocked records: they only promise durability for
-                // records already acknowledged, and blocked ones are not.
-                let (syncs, rest): (Vec<Op>, Vec<Op>) = self
-                    .client_pending
-                    .drain(..)
-                    .partition(|op| matches!(op, Op::Sync(..)));
-                self.client_pending = rest.into();
-                self.process(
-                    &mut syncs.into(),
-                    false,
-                    &mut wants_sync,
-                    &mut wants_checkpoint,
-                );
+                self.write_note();
             }
-            // (A checkpoint syncs the device itself, before its snapshot.)
-            if !wants_sync.is_empty() {
-                let mut result = self.sync_device();
-                // Vouched unless a batch header already says this much is durable: a note saying
-                // it does not do (found by the power-loss campaign: a sync in between, here a
-                // background checkpoint's, advanced `durable`, the idle writer noted it, the
-                // vouched sync then wrote no vouching headers, the next batch overwrote the note
-                // and the crash tore that batch; damage to an older vouching header then cut the
-                // log before a write the backing store's later bypass write relied on).
-                if result.is_ok()
-                    && wants_sync.iter().any(|(_, v)| *v)
-                    && self.durable > self.durable_in_batch
-                    && !self.log().failed()
-                {
-                    self.write_vouch();
-                    result = self.sync_device();
-                }
-                for (w, _) in wants_sync.drain(..) {
-                    w.complete(result.as_ref().map(|_| DROPPED).map_err(LogError::io));
-                }
-            }
-            self.wants_sync = wants_sync;
-            for w in wants_checkpoint.drain(..) {
-                self.checkpoint_wanted = true;
-                self.checkpoint_waiters.extend(w);
-            }
-            self.wants_checkpoint = wants_checkpoint;
-            if self.checkpoint_due() {
-                self.checkpoint_wanted = true;
-            }
-            self.maybe_start_checkpoint();
-            if stop {
-                // Records still waiting for space when the cache closes will not get it.
-                let leftover: Vec<Op> = self.client_pending.drain(..).collect();
-                self.fail_ops(leftover, &LogError::Shutdown);
-                let q = self.e.log.queue.lock();
-                if q.client.is_empty() && q.system.is_empty() {
-                    drop(q);
-                    // Nothing is left behind: the checkpoint in flight finishes, and one still
-                    // asked for is written.
+            return false;
+        };
+        self.run_ops();
+        if self.checkpoint_due() {
+            self.checkpoint_wanted = true;
+        }
+        self.maybe_start_checkpoint();
+        if stop {
+            // Records still waiting for space when the cache closes will not get it.
+            let leftover: Vec<Op> = self.client_pending.drain(..).collect();
+            self.fail_ops(leftover, &LogError::Shutdown);
+            let q = self.e.log.queue.lock();
+            if q.client.is_empty() && q.system.is_empty() {
+                drop(q);
+                // Nothing is left behind: the checkpoint in flight finishes, and one still asked
+                // for is written.
+                self.wait_for_checkpoint();
+                if self.checkpoint_wanted {
+                    self.start_checkpoint();
                     self.wait_for_checkpoint();
-                    if self.checkpoint_wanted {
-                        self.start_checkpoint();
-                        self.wait_for_checkpoint();
-                    }
-                    return;
+                }
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Whether a caller may run its op here and now: nothing is left over for the thread (no
+    /// ops waiting for space, no checkpoint to start, the log healthy).
+    fn ready_for_a_leader(&self) -> bool {
+        self.client_pending.is_empty()
+            && !self.client_blocked
+            && !self.checkpoint_wanted
+            && !self.checkpoint_due()
+            && !self.log().failed()
+    }
+
+    /// After a caller's round: whether the thread has something to do (or a timer to start)
+    /// that it would not otherwise wake for.
+    fn thread_needed(&self) -> bool {
+        !self.client_pending.is_empty()
+            || self.note_due()
+            || self.checkpoint_due()
+            || self.checkpoint_wanted
+            || self.log().failed()
+    }
+
+    /// Writes the system ops and client ops taken (appends into batches), then syncs and asks
+    /// for checkpoints as the round's syncs and checkpoint ops want.
+    fn run_ops(&mut self) {
+        let mut wants_sync = std::mem::take(&mut self.wants_sync);
+        let mut wants_checkpoint = std::mem::take(&mut self.wants_checkpoint);
+        let mut system = std::mem::take(&mut self.system_ops);
+        self.process(&mut system, true, &mut wants_sync, &mut wants_checkpoint);
+        debug_assert!(system.is_empty(), "system ops never wait for space");
+        self.system_ops = system;
+        if !self.client_blocked {
+            let mut client = std::mem::take(&mut self.client_pending);
+            self.process(&mut client, false, &mut wants_sync, &mut wants_checkpoint);
+            if self.client_pending.is_empty() {
+                // Not blocked (a blocked batch put what is left back in `client_pending`): keep
+                // the buffer.
+                self.client_pending = client;
+            }
+        } else {
+            // Syncs never wait behind blocked records: they only promise durability for records
+            // already acknowledged, and blocked ones are not.
+            let (syncs, rest): (Vec<Op>, Vec<Op>) = self
+                .client_pending
+                .drain(..)
+                .partition(|op| matches!(op, Op::Sync(..)));
+            self.client_pending = rest.into();
+            self.process(
+                &mut syncs.into(),
+                false,
+                &mut wants_sync,
+                &mut wants_checkpoint,
+            );
+        }
+        // (A checkpoint syncs the device itself, before its snapshot.)
+        if !wants_sync.is_empty() {
+            let mut result = self.sync_device();
+            // Vouched unless a batch header already says this much is durable: a note saying it
+            // does not do (found by the power-loss campaign: a sync in between, here a
+            // background checkpoint's, advanced `durable`, the idle writer noted it, the vouched
+            // sync then wrote no vouching headers, the next batch overwrote the note and the
+            // crash tore that batch; damage to an older vouching header then cut the log before
+            // a write the backing store's later bypass write relied on).
+            let mut unvouched = false;
+            if result.is_ok()
+                && wants_sync.iter().any(|s| s.vouch)
+                && self.durable > self.durable_in_batch
+                && !self.log().failed()
+            {
+                self.write_vouch();
+                // No room for a header anywhere, not even in the reserve (found by the long
+                // campaign: a write-through write's sync returned unvouched, its backing write
+                // followed, and damage to its batch then cut the log before it, bringing back an
+                // older cached copy of what the backing store already held).
+                unvouched = self.durable > self.durable_in_batch;
+                result = self.sync_device();
+            }
+            for s in wants_sync.drain(..) {
+                if unvouched && s.vouch && result.is_ok() {
+                    self.unvouched(s);
+                } else {
+                    s.ticket
+                        .complete(result.as_ref().map(|_| DROPPED).map_err(LogError::io));
                 }
             }
         }
+        self.wants_sync = wants_sync;
+        for w in wants_checkpoint.drain(..) {
+            self.checkpoint_wanted = true;
+            self.checkpoint_waiters.extend(w);
+        }
+        self.wants_checkpoint = wants_checkpoint;
     }
 
     /// Completes ops that will not be carried out with `err`.
@@ -476,7 +654,7 @@ impl Writer {
         &mut self,
         ops: &mut VecDeque<Op>,
         system: bool,
-        wants_sync: &mut Vec<(Ticket, bool)>,
+        wants_sync: &mut Vec<WantsSync>,
         wants_checkpoint: &mut Vec<Option<Ticket>>,
     ) {
         let max_blocks = MAX_BATCH_BLOCKS.min(self.e.geo.blocks_per_segment() - 1);
@@ -507,7 +685,11 @@ impl Writer {
                     batch.data_blocks += rec.data_blocks();
                     batch.recs.push((rec, w));
                 }
-                Op::Sync(w, vouch) => wants_sync.push((w, vouch)),
+                Op::Sync(ticket, vouch) => wants_sync.push(WantsSync {
+                    ticket,
+                    vouch,
+                    system,
+                }),
                 Op::Checkpoint(w) => wants_checkpoint.push(w),
             }
         }
@@ -631,7 +813,7 @@ impl Writer {
         }
         self.header_written();
         if batch.data_blocks > 0 {
-            self.unsynced.push((first_slot + 1, batch.data_blocks));
+            self.note_unsynced(first_slot + 1, batch.data_blocks);
         }
         let bytes = needed as u64 * geo.block_size as u64;
         self.blocks_since_checkpoint += needed as u64;
@@ -677,6 +859,22 @@ impl Writer {
             complete(w, Ok(appended));
         }
         Ok(())
+    }
+
+    /// Adds `count` data slots from `first` to those to check after a failed sync. A stretch that
+    /// continues the last one in the same segment (past the header between them, which nothing
+    /// maps) extends it, so the list holds one entry per segment written since the last sync and
+    /// does not grow with every batch.
+    fn note_unsynced(&mut self, first: u32, count: u32) {
+        let geo = self.e.geo;
+        if let Some((from, n)) = self.unsynced.last_mut() {
+            let end = *from + *n;
+            if first >= end && first - end <= 1 && geo.segment_of(*from) == geo.segment_of(first) {
+                *n = first + count - *from;
+                return;
+            }
+        }
+        self.unsynced.push((first, count));
     }
 
     /// Finds room for `needed` blocks at the log head, sealing the open segment (so recovery
@@ -915,8 +1113,9 @@ impl Writer {
     /// that one more fault (damage to the synced batch and to one vouching header) still leaves
     /// a header that vouches; with one, the long campaign found that double fault bringing back
     /// an older dirty copy over a write-through write the backing store held. Costs two blocks of
-    /// log (one more write, no more syncs) per such sync. Falls back to a note when not even the
-    /// reserve has room.
+    /// log (one more write, no more syncs) per such sync. When not even the reserve has room it
+    /// writes a note at most, which vouches for nothing: the caller then holds the syncs back
+    /// (see [`Writer::unvouched`]).
     fn write_vouch(&mut self) {
         for ordinal in 1..=VOUCHING_HEADERS {
             let mut vouch = Batch {
@@ -929,6 +1128,23 @@ impl Writer {
         }
         if self.note_due() {
             self.write_note();
+        }
+    }
+
+    /// A vouched sync whose vouching headers found no room: a client's waits for reclaim, as its
+    /// records would, and is tried again once space appears; a system one (the cleaner's, a
+    /// write around the cache) fails with [`LogError::ReserveFull`] and is retried by its caller,
+    /// which must not wait for reclaim while it holds what reclaim takes. Either way the caller
+    /// does not go on to write the backing store.
+    fn unvouched(&mut self, s: WantsSync) {
+        if s.system {
+            s.ticket.complete(Err(LogError::ReserveFull));
+            return;
+        }
+        self.client_pending.push_front(Op::Sync(s.ticket, true));
+        if !self.client_blocked {
+            self.client_blocked = true;
+            self.e.wake_reclaim();
         }
     }
 
@@ -1178,4 +1394,97 @@ fn unawaited_blocks(q: &Queue) -> u32 {
             _ => 0,
         })
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use flashtier_io::BlockDev;
+    use flashtier_testkit::MemDev;
+
+    use super::*;
+    use crate::engine::{format, open_engine, FormatOptions};
+    use crate::layout::superblock::BackingIdentity;
+    use crate::log::Waiter;
+    use crate::policy::Mode;
+    use crate::segments::SegState;
+
+    /// A writer on a new write-through cache of 16-block segments, its thread not started: the
+    /// test runs its rounds.
+    fn idle_writer() -> Writer {
+        let cache: Arc<dyn BlockDev> = Arc::new(MemDev::new(4 << 20));
+        let backing: Arc<dyn BlockDev> = Arc::new(MemDev::new(16 << 20));
+        let ident = BackingIdentity {
+            size: 16 << 20,
+            name: "/b.img".into(),
+            fingerprint: Vec::new(),
+        };
+        let opts = FormatOptions {
+            segment_size: 64 << 10,
+            mode: Mode::WriteThrough,
+            ..FormatOptions::default()
+        };
+        format(&*cache, ident.clone(), opts).unwrap();
+        let (e, start, _) = open_engine(cache, backing, &ident, None).unwrap();
+        Writer::new(e, &start, crate::integrity::check_block)
+    }
+
+    /// A ticket on a thread's waiter of its own, so that several can be outstanding at once.
+    fn ticket() -> Ticket {
+        std::thread::spawn(Waiter::ticket).join().unwrap()
+    }
+
+    /// The long campaign's failure (seed 0xc0ffee26, run 342): the log had no free segment left,
+    /// not even in the reserve, so the vouching headers of a write-through write's sync could not
+    /// be written; the sync returned anyway, the backing store was written, and damage to the
+    /// write's batch then made it look like a torn tail, bringing back an older cached copy.
+    #[test]
+    fn a_vouched_sync_without_room_for_its_vouching_headers_is_held_back_until_there_is() {
+        let mut w = idle_writer();
+        let e = w.e.clone();
+        let bs = e.geo.block_size as usize;
+        let bps = e.geo.blocks_per_segment();
+        // Every free segment used up; the head is the last of them, empty.
+        {
+            let mut st = e.state.write();
+            while st.segs.free_count() > 0 {
+                st.segs.seal_head();
+                st.segs.open_next(w.next_seq);
+            }
+        }
+        // A write whose batch fills the head exactly.
+        let mut data = e.log.buffer((bps - 1) as usize * bs);
+        data.fill(7);
+        let rec = Record::new(Kind::Write, 0, bps - 1, Some(data)).dirty(true);
+        let appended = ticket();
+        w.client_pending
+            .push_back(Op::Append(rec, Some(appended.clone())));
+        w.run_ops();
+        assert!(appended.wait().is_ok());
+
+        let (client, system) = (ticket(), ticket());
+        w.client_pending.push_back(Op::Sync(client.clone(), true));
+        w.system_ops.push_back(Op::Sync(system.clone(), true));
+        w.run_ops();
+        assert!(w.durable > w.durable_in_batch, "no header vouches");
+        assert!(
+            matches!(system.wait(), Err(LogError::ReserveFull)),
+            "the cleaner's sync fails, to be retried"
+        );
+        assert!(!client.is_done(), "the client's sync returned unvouched");
+        assert!(w.client_blocked, "it waits for reclaim");
+
+        // Reclaim empties a segment and a checkpoint frees it; the kick lets the sync go on.
+        {
+            let mut st = e.state.write();
+            let empty = (0..st.segs.count())
+                .find(|&s| st.segs.state(s) == SegState::Sealed && st.segs.live(s) == 0)
+                .expect("an empty sealed segment");
+            st.segs.quarantine(empty);
+            st.segs.release(1);
+        }
+        w.client_blocked = false;
+        w.run_ops();
+        assert!(client.wait().is_ok());
+        assert_eq!(w.durable_in_batch, w.durable, "a header vouches for it");
+    }
 }

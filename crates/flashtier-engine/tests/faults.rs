@@ -758,7 +758,9 @@ fn close_finishes_with_promotions_waiting_for_space() {
     d.backing_fault.clear();
     let c = open(d.cache_fault.clone(), d.backing_fault.clone(), None).unwrap();
     assert!(c.report().clean_shutdown);
-    assert_eq!(c.status().dirty_blocks, dirty, "dirty blocks lost by close");
+    // What the open found, not the live count: the backing store works again, so the cleaner
+    // may already be writing them back (the live count raced it in 8 of 100 runs).
+    assert_eq!(c.report().dirty_blocks, dirty, "dirty blocks lost by close");
     let mut lba = 0u64;
     while lba < dirty {
         let mut b = vec![0u8; 8 * BS as usize];

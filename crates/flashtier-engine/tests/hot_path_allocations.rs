@@ -9,9 +9,10 @@
 //! function by function". The test prints the figures (`cargo test -p flashtier-engine --test
 //! hot_path_allocations -- --nocapture`).
 //!
-//! Two counts per path: the calling thread's (what `read_at` / `write_at` allocate themselves;
-//! deterministic), which must be zero, and every thread's (the log writer's batches too, and
-//! whatever a background thread does meanwhile). The latter is not exactly zero: what the
+//! Two counts per path: the calling thread's (what `read_at` / `write_at` allocate themselves,
+//! which for a read hit must be zero; a write that finds the log writer idle also writes its own
+//! batch, and with it may copy an index chunk a checkpoint still shares), and every thread's (the
+//! log writer's batches too, and whatever a background thread does meanwhile). The latter is not exactly zero: what the
 //! background does once per second or per checkpoint allocates (a checkpoint's snapshot, a
 //! segment's per-second write marks, the list of unsynced slots growing between syncs), about
 //! 0.02 per write in 1000 writes here. Its bound fails on anything done per I/O or per batch
@@ -81,7 +82,10 @@ const WORKING_SET_BLOCKS: u64 = 256;
 /// threads), 4.00 per write-back write on the calling thread and 8.01 on all threads.
 const MAX_READ_HIT_ALLOCS_THIS_THREAD: f64 = 0.0;
 const MAX_READ_HIT_ALLOCS_ALL_THREADS: f64 = 0.1;
-const MAX_WRITE_ALLOCS_THIS_THREAD: f64 = 0.0;
+/// Not zero: a write that finds the log writer idle writes its batch itself (see `log_writer`'s
+/// `Rounds`), and with it the writer's occasional allocations (copying an index chunk a
+/// checkpoint still shares). Anything per write or per batch would be 1.0.
+const MAX_WRITE_ALLOCS_THIS_THREAD: f64 = 0.05;
 /// Anything per batch would be 1.0 (one batch per write here); see the module doc for the 0.02.
 const MAX_WRITE_ALLOCS_ALL_THREADS: f64 = 0.1;
 
