@@ -171,8 +171,6 @@ struct WantsSync {
     ticket: Ticket,
     /// See [`Log::sync_vouched`].
     vouch: bool,
-    /// Asked by the cleaner or reclaim (the system queue).
-    system: bool,
 }
 
 /// A client batch found only the reserve left (see [`Writer::write_batch`]).
@@ -605,7 +603,7 @@ impl Writer {
             }
             for s in wants_sync.drain(..) {
                 if unvouched && s.vouch && result.is_ok() {
-                    self.unvouched(s);
+                    self.unvouched(s.ticket);
                 } else {
                     s.ticket
                         .complete(result.as_ref().map(|_| DROPPED).map_err(LogError::io));
@@ -685,11 +683,7 @@ impl Writer {
                     batch.data_blocks += rec.data_blocks();
                     batch.recs.push((rec, w));
                 }
-                Op::Sync(ticket, vouch) => wants_sync.push(WantsSync {
-                    ticket,
-                    vouch,
-                    system,
-                }),
+                Op::Sync(ticket, vouch) => wants_sync.push(WantsSync { ticket, vouch }),
                 Op::Checkpoint(w) => wants_checkpoint.push(w),
             }
         }
@@ -1114,8 +1108,8 @@ impl Writer {
     /// a header that vouches; with one, the long campaign found that double fault bringing back
     /// an older dirty copy over a write-through write the backing store held. Costs two blocks of
     /// log (one more write, no more syncs) per such sync. When not even the reserve has room it
-    /// writes a note at most, which vouches for nothing: the caller then holds the syncs back
-    /// (see [`Writer::unvouched`]).
+    /// writes a note at most, which vouches for nothing: a checkpoint then answers the syncs (see
+    /// [`Writer::unvouched`]).
     fn write_vouch(&mut self) {
         for ordinal in 1..=VOUCHING_HEADERS {
             let mut vouch = Batch {
@@ -1131,21 +1125,14 @@ impl Writer {
         }
     }
 
-    /// A vouched sync whose vouching headers found no room: a client's waits for reclaim, as its
-    /// records would, and is tried again once space appears; a system one (the cleaner's, a
-    /// write around the cache) fails with [`LogError::ReserveFull`] and is retried by its caller,
-    /// which must not wait for reclaim while it holds what reclaim takes. Either way the caller
-    /// does not go on to write the backing store.
-    fn unvouched(&mut self, s: WantsSync) {
-        if s.system {
-            s.ticket.complete(Err(LogError::ReserveFull));
-            return;
-        }
-        self.client_pending.push_front(Op::Sync(s.ticket, true));
-        if !self.client_blocked {
-            self.client_blocked = true;
-            self.e.wake_reclaim();
-        }
+    /// A vouched sync whose vouching headers found no room (the whole log full, reserve
+    /// included) is answered by the next checkpoint instead: once it is durable, recovery starts
+    /// after every record the sync covers, so no damage to them can pass for a torn tail. It needs
+    /// no log space, frees what reclaim emptied, and waits for nothing a caller may hold (making
+    /// the sync wait for reclaim instead would deadlock the cleaner, whose passes reclaim needs).
+    fn unvouched(&mut self, ticket: Ticket) {
+        self.checkpoint_wanted = true;
+        self.checkpoint_waiters.push(ticket);
     }
 
     /// Starts the checkpoint asked for, unless one is in flight (it starts once that one is
@@ -1406,7 +1393,6 @@ mod tests {
     use crate::layout::superblock::BackingIdentity;
     use crate::log::Waiter;
     use crate::policy::Mode;
-    use crate::segments::SegState;
 
     /// A writer on a new write-through cache of 16-block segments, its thread not started: the
     /// test runs its rounds.
@@ -1438,7 +1424,7 @@ mod tests {
     /// be written; the sync returned anyway, the backing store was written, and damage to the
     /// write's batch then made it look like a torn tail, bringing back an older cached copy.
     #[test]
-    fn a_vouched_sync_without_room_for_its_vouching_headers_is_held_back_until_there_is() {
+    fn a_vouched_sync_without_room_for_its_vouching_headers_is_answered_by_a_checkpoint() {
         let mut w = idle_writer();
         let e = w.e.clone();
         let bs = e.geo.block_size as usize;
@@ -1459,7 +1445,7 @@ mod tests {
         w.client_pending
             .push_back(Op::Append(rec, Some(appended.clone())));
         w.run_ops();
-        assert!(appended.wait().is_ok());
+        let seq = appended.wait().unwrap().seq;
 
         let (client, system) = (ticket(), ticket());
         w.client_pending.push_back(Op::Sync(client.clone(), true));
@@ -1467,24 +1453,18 @@ mod tests {
         w.run_ops();
         assert!(w.durable > w.durable_in_batch, "no header vouches");
         assert!(
-            matches!(system.wait(), Err(LogError::ReserveFull)),
-            "the cleaner's sync fails, to be retried"
+            !client.is_done() && !system.is_done(),
+            "a sync returned unvouched"
         );
-        assert!(!client.is_done(), "the client's sync returned unvouched");
-        assert!(w.client_blocked, "it waits for reclaim");
+        assert!(w.checkpoint_wanted, "a checkpoint is to answer them");
 
-        // Reclaim empties a segment and a checkpoint frees it; the kick lets the sync go on.
-        {
-            let mut st = e.state.write();
-            let empty = (0..st.segs.count())
-                .find(|&s| st.segs.state(s) == SegState::Sealed && st.segs.live(s) == 0)
-                .expect("an empty sealed segment");
-            st.segs.quarantine(empty);
-            st.segs.release(1);
-        }
-        w.client_blocked = false;
-        w.run_ops();
-        assert!(client.wait().is_ok());
-        assert_eq!(w.durable_in_batch, w.durable, "a header vouches for it");
+        w.maybe_start_checkpoint();
+        w.wait_for_checkpoint();
+        assert!(client.wait().is_ok() && system.wait().is_ok());
+        assert!(
+            w.checkpointed_seq > seq,
+            "the checkpoint covers the write ({} <= {seq})",
+            w.checkpointed_seq
+        );
     }
 }
