@@ -1,0 +1,53 @@
+#!/bin/bash
+# The database commit at QD1, two builds alternating: a 4K random write + FLUSH at a time (fio
+# --fsync=1 over NBD, one connection), each round on a fresh write-back cache (no write-back
+# backlog), so the figure is the commit path itself. Prints commits/s, the write's and the
+# FLUSH's p50 latency and the server's CPU µs per commit (utime+stime of the server process).
+#
+# usage: bench/qd1_commit.sh BUILD_A BUILD_B [ROUNDS=3] [SECONDS=10] [WORKDIR=/tmp/flashtier-qd1]
+# e.g.   bench/qd1_commit.sh target-before/release/flashtier target/release/flashtier
+# The cache file (2 GiB, sparse) is in WORKDIR, the backing file (1 GiB) in /dev/shm.
+set -euo pipefail
+A=$1; B=$2; ROUNDS=${3:-3}; SECS=${4:-10}; WORK=${5:-/tmp/flashtier-qd1}
+for tool in fio python3; do command -v $tool >/dev/null || { echo "needs $tool" >&2; exit 2; }; done
+
+one() { # BIN TAG
+    local bin=$1 tag=$2 d=$WORK/$2 backing=/dev/shm/flashtier-qd1-$2.img
+    rm -rf "$d"; mkdir -p "$d"
+    truncate -s 1G "$backing"; truncate -s 2G "$d/cache.img"
+    "$bin" format --cache "$d/cache.img" --backing "$backing" --force --no-probe >/dev/null
+    "$bin" serve --backing "$backing" --cache "$d/cache.img" --mode writeback --listen "$d/s.sock" \
+        --control-socket "$d/c.sock" --stats-file "$d/stats" >"$d/serve.log" 2>&1 &
+    local pid=$!
+    for _ in $(seq 100); do [ -S "$d/s.sock" ] && break; sleep 0.1; done
+    local c0 c1
+    c0=$(awk '{print $14+$15}' /proc/$pid/stat)
+    fio --name=q --ioengine=nbd --uri="nbd+unix:///?socket=$d/s.sock" --rw=randwrite --bs=4k \
+        --iodepth=1 --size=1G --time_based --runtime="$SECS" --fsync=1 --output-format=json \
+        >"$d/fio.json" 2>/dev/null
+    c1=$(awk '{print $14+$15}' /proc/$pid/stat)
+    kill $pid; wait $pid 2>/dev/null || true
+    rm -f "$backing"
+    python3 - "$d/fio.json" "$c0" "$c1" "$tag" "$(getconf CLK_TCK)" <<'PY'
+import json, sys
+text = open(sys.argv[1]).read()
+job = json.loads(text[text.index("{"):])["jobs"][0]
+ios, iops = job["write"]["total_ios"], job["write"]["iops"]
+cpu_us = (int(sys.argv[3]) - int(sys.argv[2])) * 1e6 / int(sys.argv[5]) / ios
+w50 = job["write"]["clat_ns"]["percentile"]["50.000000"] / 1000
+f50 = job["sync"]["lat_ns"]["percentile"]["50.000000"] / 1000
+print(f"| {sys.argv[4]} | {iops:,.0f} | {w50:.0f} | {f50:.0f} | {cpu_us:.0f} |")
+PY
+}
+
+echo "QD1 4K write + FLUSH, $SECS s per round, fresh write-back cache each round; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "A = $A ($("$A" --version 2>/dev/null | head -1)), B = $B ($("$B" --version 2>/dev/null | head -1))"
+echo
+echo "| round | commits/s | write p50 µs | FLUSH p50 µs | server CPU µs/commit |"
+echo "|---|---:|---:|---:|---:|"
+for r in $(seq "$ROUNDS"); do
+    one "$A" "A$r"
+    one "$B" "B$r"
+done
+echo
+echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
