@@ -6,7 +6,10 @@
 #
 # usage: bench/qd1_commit.sh BUILD_A BUILD_B [ROUNDS=3] [SECONDS=10] [WORKDIR=/tmp/flashtier-qd1]
 # e.g.   bench/qd1_commit.sh target-before/release/flashtier target/release/flashtier
-# The cache file (2 GiB, sparse) is in WORKDIR, the backing file (1 GiB) in /dev/shm.
+# The cache file (1 GiB) is in WORKDIR, written through once before the first round and
+# reformatted for each: a sparse file would make every log write allocate blocks, and every
+# FLUSH commit the filesystem's journal, which a real cache device does not. The backing file
+# (1 GiB, sparse) is in /dev/shm.
 set -euo pipefail
 A=$1; B=$2; ROUNDS=${3:-3}; SECS=${4:-10}; WORK=${5:-/tmp/flashtier-qd1}
 for tool in fio python3; do command -v $tool >/dev/null || { echo "needs $tool" >&2; exit 2; }; done
@@ -14,9 +17,9 @@ for tool in fio python3; do command -v $tool >/dev/null || { echo "needs $tool" 
 one() { # BIN TAG
     local bin=$1 tag=$2 d=$WORK/$2 backing=/dev/shm/flashtier-qd1-$2.img
     rm -rf "$d"; mkdir -p "$d"
-    truncate -s 1G "$backing"; truncate -s 2G "$d/cache.img"
-    "$bin" format --cache "$d/cache.img" --backing "$backing" --force --no-probe >/dev/null
-    "$bin" serve --backing "$backing" --cache "$d/cache.img" --mode writeback --listen "$d/s.sock" \
+    truncate -s 1G "$backing"
+    "$bin" format --cache "$WORK/cache.img" --backing "$backing" --force --no-probe >/dev/null
+    "$bin" serve --backing "$backing" --cache "$WORK/cache.img" --mode writeback --listen "$d/s.sock" \
         --control-socket "$d/c.sock" --stats-file "$d/stats" >"$d/serve.log" 2>&1 &
     local pid=$!
     for _ in $(seq 100); do [ -S "$d/s.sock" ] && break; sleep 0.1; done
@@ -40,6 +43,10 @@ print(f"| {sys.argv[4]} | {iops:,.0f} | {w50:.0f} | {f50:.0f} | {cpu_us:.0f} |")
 PY
 }
 
+mkdir -p "$WORK"
+if [ "$(stat -c %s "$WORK/cache.img" 2>/dev/null || echo 0)" != $((1 << 30)) ]; then
+    dd if=/dev/zero of="$WORK/cache.img" bs=1M count=1024 oflag=direct status=none
+fi
 echo "QD1 4K write + FLUSH, $SECS s per round, fresh write-back cache each round; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "A = $A ($("$A" --version 2>/dev/null | head -1)), B = $B ($("$B" --version 2>/dev/null | head -1))"
 echo
