@@ -214,8 +214,8 @@ impl Batch {
 /// The writer's state and who may run a round with it: the log-writer thread, or a caller that
 /// finds the writer idle and nothing queued (leader/follower, as in group-commit databases).
 /// A caller that leads writes its own record or syncs the device on its own thread, sparing the
-/// two thread switches of handing its op to the writer and being woken by it: at QD1 those, not
-/// the I/O, were most of a commit's time (bench/results/hotpath.md). Under load the queue is
+/// two thread switches of handing its op to the writer and being woken by it, a large part of a
+/// QD1 commit's time (bench/results/qd1_leader/: +29 to +33% commits/s). Under load the queue is
 /// seldom empty, so the thread batches as before.
 ///
 /// `Queue::leading` says a round is running; only its runner holds `writer`. The thread takes
