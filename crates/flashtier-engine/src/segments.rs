@@ -80,9 +80,7 @@ impl Segments {
             opened_seq: vec![0; n],
             last_access: (0..n).map(|_| AtomicU32::new(0)).collect(),
             readers: (0..n).map(|_| AtomicU32::new(0)).collect(),
-            // Room for two marks each, kept across reuse: a segment written within a second or
-            // two (most are, under load) never allocates on the log's path.
-            written: (0..n).map(|_| Vec::with_capacity(2)).collect(),
+            written: vec![Vec::new(); n],
             free: free.into(),
             quarantine: Vec::new(),
             head: None,
@@ -208,6 +206,7 @@ impl Segments {
     fn open(&mut self, seg: u32, first_seq: u64) {
         self.state[seg as usize] = SegState::Open;
         self.opened_seq[seg as usize] = first_seq;
+        // Cleared, not replaced: the marks' room is kept for the segment's next use.
         self.written[seg as usize].clear();
         self.head = Some(Head {
             segment: seg,
