@@ -49,6 +49,7 @@ use crate::health::BackingOp;
 use crate::integrity::{self, Verdict};
 use crate::layout::batch::Kind;
 use crate::log::Record;
+use crate::range_lock::Hold;
 use crate::state::{DirtyBlock, State};
 use crate::stats::Stats;
 
@@ -219,7 +220,9 @@ fn write_back(
             };
             // No write straight to the backing store of these blocks is in flight while this is
             // held, and none starts.
-            let _run_held = e.backing_ranges.lock(run[0].lba, run.len() as u64, true);
+            let _run_held = e
+                .backing_ranges
+                .lock(run[0].lba, run.len() as u64, Hold::Exclusive);
             let result =
                 read_current(e, run, &crcs[range.clone()], &mut buf[..len]).and_then(|current| {
                     let good: Vec<bool> = current.iter().map(Option::is_some).collect();

@@ -40,6 +40,9 @@ counters! {
     read_hit_blocks,
     /// Blocks read from the backing store because they were not cached.
     read_miss_blocks,
+    /// Read misses that waited for a write of their blocks to land on the backing store, which a
+    /// read overlapping it could see half done.
+    read_miss_waits,
     /// Client write requests.
     writes,
     /// Blocks written by clients.

@@ -1,6 +1,7 @@
 //! The backing store, directly: pass-through reads and the uncached tail, and the backing writes
 //! of every mode that writes there (write-through, write-around, pass-through), each holding its
-//! blocks in `Engine::backing_ranges` so that no cleaning pass lands an older version over it.
+//! blocks in `Engine::backing_ranges` so that no cleaning pass lands an older version over it,
+//! and no read of the backing store sees one of them half landed.
 
 use std::io;
 use std::sync::atomic::Ordering;
@@ -8,7 +9,7 @@ use std::sync::atomic::Ordering;
 use crate::guards::BusyRange;
 use crate::health::BackingOp;
 use crate::integrity::IntegrityError;
-use crate::range_lock::RangeGuard;
+use crate::range_lock::{Hold, RangeGuard};
 use crate::stats::Stats;
 
 use super::read::first_lost;
@@ -32,9 +33,15 @@ impl Cache {
         self.backing_read(buf, offset)
     }
 
-    /// Reads the backing store directly (pass-through, the uncached tail).
+    /// Reads the backing store directly (pass-through, the uncached tail), never while a write
+    /// of the same blocks is landing there (see `range_lock`): the caller pins no segment, so
+    /// it may wait for one.
     pub(super) fn backing_read(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let e = &*self.e;
+        let bs = self.block_size();
+        let first = offset / bs;
+        let end = (offset + buf.len() as u64).div_ceil(bs);
+        let _reading = e.backing_ranges.lock(first, end - first, Hold::Reading);
         let _fg = e.foreground.begin();
         e.backing
             .read_at(buf, offset)
@@ -63,7 +70,7 @@ impl Cache {
         let first = offset / bs;
         self.e
             .backing_ranges
-            .lock(first, (offset + len).div_ceil(bs) - first, false)
+            .lock(first, (offset + len).div_ceil(bs) - first, Hold::Shared)
     }
 
     /// [`Cache::backing_write`] for a caller that holds the blocks already.

@@ -12,6 +12,7 @@ use crate::integrity::{self, IntegrityError, Verdict};
 use crate::layout::batch::Kind;
 use crate::log::Record;
 use crate::policy::PromotionPolicy;
+use crate::range_lock::Hold;
 use crate::stats::Stats;
 
 use super::plan::{Promote, ReadPlan};
@@ -23,6 +24,17 @@ pub(super) fn first_lost(st: &crate::state::State, first: u64, n: u64) -> Option
         return None;
     }
     (first..first + n).find(|&lba| st.lost.overlaps(lba, 1))
+}
+
+/// How far a pass over a read's blocks got.
+pub(super) enum Pass {
+    Done,
+    /// A miss met a write of its blocks landing on the backing store (`backing_ranges`): wait
+    /// for it with no segment pinned, then read again.
+    Busy {
+        lba: u64,
+        n: u64,
+    },
 }
 
 /// Promotion data waiting for the log beyond this is dropped rather than queued.
@@ -75,6 +87,28 @@ impl Cache {
         out: &mut [u8],
         promote: Promote,
     ) -> io::Result<()> {
+        loop {
+            match self.read_blocks_once(first, count, out, promote)? {
+                Pass::Done => return Ok(()),
+                // With no segment pinned, wait for the write, then look again: a write-through
+                // write maps its blocks before it writes the backing store, so they are hits now.
+                Pass::Busy { lba, n } => {
+                    Stats::add(&self.e.stats.read_miss_waits, 1);
+                    drop(self.e.backing_ranges.lock(lba, n, Hold::Reading));
+                }
+            }
+        }
+    }
+
+    /// One try at [`Cache::read_blocks`]: [`Pass::Busy`] if a miss met a write of its blocks
+    /// landing on the backing store.
+    fn read_blocks_once(
+        &self,
+        first: u64,
+        count: u64,
+        out: &mut [u8],
+        promote: Promote,
+    ) -> io::Result<Pass> {
         let e = &*self.e;
         let bs = self.block_size() as usize;
         // Runs of hits (consecutive slots) and misses, found under one short read lock; the
@@ -120,7 +154,7 @@ impl Cache {
                 }
             }
         }
-        let mut result = Ok(());
+        let mut result = Ok(Pass::Done);
         let mut hits = 0u64;
         for (at, run) in &runs {
             let (start, n) = (
@@ -144,7 +178,7 @@ impl Cache {
                 }
                 Run::Miss { .. } => self.read_miss(first + at, n as u64, buf, promote),
             };
-            if r.is_err() {
+            if !matches!(r, Ok(Pass::Done)) {
                 result = r;
                 break;
             }
@@ -169,7 +203,7 @@ impl Cache {
         crcs: &[u32],
         buf: &mut [u8],
         promote: Promote,
-    ) -> io::Result<()> {
+    ) -> io::Result<Pass> {
         let e = &*self.e;
         let bs = self.block_size() as usize;
         for (i, (block, &crc)) in buf.chunks_mut(bs).zip(crcs).enumerate() {
@@ -179,28 +213,39 @@ impl Cache {
             let (lba, slot) = (lba + i as u64, slot + i as u32);
             match integrity::bad_block(e, lba, slot, crc, block) {
                 Verdict::Repaired => {}
-                Verdict::Dropped | Verdict::Moved => self.read_blocks(lba, 1, block, promote)?,
+                Verdict::Dropped | Verdict::Moved => {
+                    // The caller's segments are still pinned: a busy block is waited for there.
+                    match self.read_blocks_once(lba, 1, block, promote)? {
+                        Pass::Done => {}
+                        busy => return Ok(busy),
+                    }
+                }
                 Verdict::Lost => {
                     Stats::add(&e.stats.lost_reads, 1);
                     return Err(IntegrityError::Lost { lba }.into());
                 }
             }
         }
-        Ok(())
+        Ok(Pass::Done)
     }
 
     /// Reads blocks from the backing store and queues the promotion of those `promote` allows.
+    /// Never waits (the caller pins segments, see `read_blocks`): [`Pass::Busy`] if a write of
+    /// these blocks is landing on the backing store, whose read could see it half done.
     pub(super) fn read_miss(
         &self,
         lba: u64,
         n: u64,
         buf: &mut [u8],
         promote: Promote,
-    ) -> io::Result<()> {
+    ) -> io::Result<Pass> {
         let e = &*self.e;
         let since = e.guards.now();
         let bs = self.block_size();
         {
+            let Some(_reading) = e.backing_ranges.try_lock(lba, n, Hold::Reading) else {
+                return Ok(Pass::Busy { lba, n });
+            };
             let _fg = e.foreground.begin();
             e.backing
                 .read_at(buf, lba * bs)
@@ -210,18 +255,28 @@ impl Cache {
         Stats::add(&e.stats.backing_reads, 1);
         Stats::add(&e.stats.backing_read_bytes, buf.len() as u64);
         Stats::add(&e.stats.read_miss_blocks, n);
+        self.promote_missed(lba, buf, promote, since);
+        Ok(Pass::Done)
+    }
+
+    /// Queues the promotion of the blocks from `lba` in `buf`, read from the backing store after
+    /// guard clock `since`, that `promote` allows.
+    fn promote_missed(&self, lba: u64, buf: &[u8], promote: Promote, since: u64) {
+        let e = &*self.e;
+        let bs = self.block_size();
+        let n = buf.len() as u64 / bs;
         let policy = match promote {
-            Promote::Never => return Ok(()),
+            Promote::Never => return,
             Promote::Sequential => {
                 Stats::add(&e.stats.bypassed_read_blocks, n);
-                return Ok(());
+                return;
             }
             Promote::All => PromotionPolicy::Always,
             Promote::Admitted => e.tunables.promotion(),
         };
         if policy == PromotionPolicy::Always {
             self.queue_promotion(lba, buf, since);
-            return Ok(());
+            return;
         }
         // n-hit: promote the runs of blocks that reached their nth recent miss.
         let (table, now) = (e.miss_table(), e.now_secs());
@@ -247,7 +302,6 @@ impl Cache {
             }
         }
         Stats::add(&e.stats.promotions_skipped_blocks, skipped);
-        Ok(())
     }
 
     /// Queues PROMOTE records for `data` (whole blocks from `lba`), read from the backing store

@@ -11,7 +11,7 @@ use crate::cleaner;
 use crate::layout::batch::Kind;
 use crate::log::Record;
 use crate::policy::Mode;
-use crate::range_lock::RangeGuard;
+use crate::range_lock::{Hold, RangeGuard};
 use crate::state::DirtyBlock;
 use crate::stats::Stats;
 
@@ -89,7 +89,12 @@ impl Cache {
             if let WritePlan::PastCutoff(mode) = plan {
                 // Exclusive only where `write_past_cutoff` needs it (see there).
                 let exclusive = mode == Mode::WriteBack;
-                let guard = ranges.lock(first, last - first, exclusive);
+                let hold = if exclusive {
+                    Hold::Exclusive
+                } else {
+                    Hold::Shared
+                };
+                let guard = ranges.lock(first, last - first, hold);
                 let held = if exclusive {
                     RmwHeld::Exclusive(guard)
                 } else {
@@ -97,12 +102,12 @@ impl Cache {
                 };
                 return self.write_past_cutoff(mode, first, buf, fua, held);
             }
-            let _shared = ranges.lock(first, last - first, false);
+            let _shared = ranges.lock(first, last - first, Hold::Shared);
             return self.write_planned(plan, first, buf, fua);
         }
         // A partial block: read what surrounds the write, patch, write whole blocks, excluding
         // every other writer of these blocks so nothing lands between the read and the write.
-        let _exclusive = ranges.lock(first, last - first, true);
+        let _exclusive = ranges.lock(first, last - first, Hold::Exclusive);
         let mut data = AlignedBuf::zeroed(((last - first) * bs) as usize);
         if !offset.is_multiple_of(bs) {
             self.read_blocks(first, 1, &mut data[..bs as usize], Promote::Never)?;

@@ -380,13 +380,15 @@ struct GateState {
     /// Park only a write (or trim, write-zeroes) whose range covers this offset.
     park_write_at: Option<u64>,
     park_flush: bool,
+    /// Park the next read whose range covers this offset.
+    park_read_at: Option<u64>,
     parked: bool,
     released: bool,
 }
 
-/// Forwards to `inner`, except that the next write (or flush) after [`Gate::park_next_write`]
-/// (or [`Gate::park_next_flush`], [`Gate::park_next_write_at`]) waits until [`Gate::release`],
-/// *before* reaching `inner`. Gates stack (a gate over a gate) to park two chosen requests.
+/// Forwards to `inner`, except that the next write (or flush, read) after
+/// [`Gate::park_next_write`] (or [`Gate::park_next_flush`], [`Gate::park_next_write_at`],
+/// [`Gate::park_next_read_at`]) waits until [`Gate::release`], *before* reaching `inner`. Gates stack (a gate over a gate) to park two chosen requests.
 pub struct Gate {
     inner: Arc<dyn BlockDev>,
     st: Mutex<GateState>,
@@ -422,6 +424,13 @@ impl Gate {
         s.released = false;
         s.parked = false;
     }
+    /// Parks the next read whose range covers byte `offset`.
+    pub fn park_next_read_at(&self, offset: u64) {
+        let mut s = self.st.lock().unwrap();
+        s.park_read_at = Some(offset);
+        s.released = false;
+        s.parked = false;
+    }
     /// Waits until a request is parked.
     pub fn wait_parked(&self) {
         let mut s = self.st.lock().unwrap();
@@ -438,6 +447,21 @@ impl Gate {
         let mut s = self.st.lock().unwrap();
         s.released = true;
         self.cv.notify_all();
+    }
+    fn gate_read(&self, offset: u64, len: u64) {
+        let mut s = self.st.lock().unwrap();
+        if !s
+            .park_read_at
+            .is_some_and(|at| offset <= at && at < offset + len)
+        {
+            return;
+        }
+        s.park_read_at = None;
+        s.parked = true;
+        self.cv.notify_all();
+        while !s.released {
+            s = self.cv.wait(s).unwrap();
+        }
     }
     /// `range`: the `(offset, len)` of a write-like request, `None` for a flush.
     fn gate(&self, range: Option<(u64, u64)>) {
@@ -471,6 +495,7 @@ impl BlockDev for Gate {
         format!("gate over {}", self.inner.describe())
     }
     fn read_at(&self, b: &mut [u8], o: u64) -> io::Result<()> {
+        self.gate_read(o, b.len() as u64);
         self.inner.read_at(b, o)
     }
     fn write_at(&self, b: &[u8], o: u64, f: bool) -> io::Result<()> {
