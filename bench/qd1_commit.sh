@@ -3,6 +3,8 @@
 # --fsync=1 over NBD, one connection), each round on a fresh write-back cache (no write-back
 # backlog), so the figure is the commit path itself. Prints commits/s, the write's and the
 # FLUSH's p50 latency and the server's CPU µs per commit (utime+stime of the server process).
+# Each round also runs the raw cache file (R: fio psync O_DIRECT write + fdatasync, no NBD): the
+# issue's target is a ratio to it, and this machine's disk varies by 2x from hour to hour.
 #
 # usage: bench/qd1_commit.sh BUILD_A BUILD_B [ROUNDS=3] [SECONDS=10] [WORKDIR=/tmp/flashtier-qd1]
 # e.g.   bench/qd1_commit.sh target-before/release/flashtier target/release/flashtier
@@ -43,6 +45,20 @@ print(f"| {sys.argv[4]} | {iops:,.0f} | {w50:.0f} | {f50:.0f} | {cpu_us:.0f} |")
 PY
 }
 
+raw() { # TAG
+    fio --name=r --filename="$WORK/cache.img" --ioengine=psync --direct=1 --rw=randwrite --bs=4k \
+        --iodepth=1 --size=1G --time_based --runtime="$SECS" --fdatasync=1 --output-format=json \
+        2>/dev/null | python3 -c '
+import json, sys
+text = sys.stdin.read()
+job = json.loads(text[text.index("{"):])["jobs"][0]
+iops = job["write"]["iops"]
+w50 = job["write"]["clat_ns"]["percentile"]["50.000000"] / 1000
+f50 = job["sync"]["lat_ns"]["percentile"]["50.000000"] / 1000
+print(f"| {sys.argv[1]} (raw file) | {iops:,.0f} | {w50:.0f} | {f50:.0f} | - |")
+' "$1"
+}
+
 mkdir -p "$WORK"
 if [ "$(stat -c %s "$WORK/cache.img" 2>/dev/null || echo 0)" != $((1 << 30)) ]; then
     dd if=/dev/zero of="$WORK/cache.img" bs=1M count=1024 oflag=direct status=none
@@ -53,6 +69,7 @@ echo
 echo "| round | commits/s | write p50 µs | FLUSH p50 µs | server CPU µs/commit |"
 echo "|---|---:|---:|---:|---:|"
 for r in $(seq "$ROUNDS"); do
+    raw "R$r"
     one "$A" "A$r"
     one "$B" "B$r"
 done

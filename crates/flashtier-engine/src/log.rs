@@ -265,6 +265,11 @@ pub(crate) struct Queue {
     pub(crate) checkpoint_written: Option<Result<Written, CheckpointError>>,
     /// A round of the writer's is running, on its thread or a caller's (see [`Lead`]).
     pub(crate) leading: bool,
+    /// The writer's thread sleeps until its note is due, and wakes by itself: a caller's round
+    /// that leaves it only a note need not wake it, only push the note back (`last_led`).
+    pub(crate) noting: bool,
+    /// When the last caller's round ended: a note waits for a quiet while after it.
+    pub(crate) last_led: Option<Instant>,
 }
 
 impl Queue {

@@ -261,7 +261,22 @@ impl Rounds {
             let mut w = self.writer.lock();
             if let Decision::Idle { wait, then } = w.decide(&mut q) {
                 drop(w);
-                let timed_out = log.work.wait_for(&mut q, wait).timed_out();
+                let noting = matches!(then, Some(AfterIdle::Note));
+                q.noting = noting;
+                let mut deadline = Instant::now() + wait;
+                let timed_out = loop {
+                    let timed_out = log.work.wait_until(&mut q, deadline).timed_out();
+                    // Callers' rounds meanwhile pushed the note back (a QD1 commit's FLUSH
+                    // woke the thread for it every time, costing the commit a futex wake).
+                    let later = q.last_led.map(|t| t + NOTE_DELAY);
+                    match later {
+                        Some(later) if noting && timed_out && later > Instant::now() => {
+                            deadline = later;
+                        }
+                        _ => break timed_out,
+                    }
+                };
+                q.noting = false;
                 let quiet = q.system.is_empty() && q.client.is_empty() && !q.stop && !q.leading;
                 let Some(then) = then.filter(|_| timed_out && quiet) else {
                     continue;
@@ -312,11 +327,12 @@ impl Lead for Rounds {
             w.client_pending.push_back(op);
         }
         w.run_ops();
-        let thread_needed = w.thread_needed();
+        let (thread_needed, note_due) = (w.thread_needed(), w.note_due());
         drop(w);
         let mut q = log.queue.lock();
         q.leading = false;
-        let wake = thread_needed || q.has_work();
+        q.last_led = Some(Instant::now());
+        let wake = thread_needed || (note_due && !q.noting) || q.has_work();
         drop(q);
         if wake {
             log.work.notify_one();
@@ -536,11 +552,10 @@ impl Writer {
             && !self.log().failed()
     }
 
-    /// After a caller's round: whether the thread has something to do (or a timer to start)
-    /// that it would not otherwise wake for.
+    /// After a caller's round: whether the thread has something to do that it would not
+    /// otherwise wake for (besides a note, whose timer it may have started already).
     fn thread_needed(&self) -> bool {
         !self.client_pending.is_empty()
-            || self.note_due()
             || self.checkpoint_due()
             || self.checkpoint_wanted
             || self.log().failed()

@@ -200,3 +200,36 @@ fn replayed_log_counts_towards_the_next_checkpoint() {
         "replay grows from crash to crash ({per_round} records per round): {replayed:?}"
     );
 }
+
+/// A FLUSH that finds the log writer idle syncs on the caller's thread. The note saying how far
+/// the log is durable (which lets recovery tell damage to those records from a torn tail) still
+/// follows once the log goes quiet: the writer's thread writes it, and FLUSHes that come while
+/// it waits to push it back rather than wake it.
+#[test]
+fn the_log_notes_a_flush_once_it_goes_quiet() {
+    let cache_dev: Arc<dyn BlockDev> = Arc::new(MemDev::new(16 << 20));
+    let backing: Arc<dyn BlockDev> = Arc::new(MemDev::new(64 << 20));
+    let opts = FormatOptions {
+        segment_size: 256 << 10,
+        ..Default::default()
+    };
+    format(&*cache_dev, ident(64 << 20), opts).unwrap();
+    let c = Cache::open(cache_dev, backing, &ident(64 << 20), None).unwrap();
+    c.set_param("writeback_controller", "off").unwrap();
+    let before = c.stats().cache_writes;
+    for i in 0..3u8 {
+        c.write_at(&[i + 1; 4096], 4096 * i as u64, false).unwrap();
+        c.flush().unwrap();
+    }
+    // One batch per write, then a note after each quiet spell (one, unless this thread was
+    // slower between its FLUSHes than the note's delay, 10 ms). Well before the thread's own
+    // idle timeout (1 s), which would find the note due without being woken.
+    let notes = |c: &Cache| c.stats().cache_writes - before - 3;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(700);
+    while notes(&c) == 0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!((1..=3).contains(&notes(&c)), "{:?}", c.stats());
+    c.close().unwrap();
+}
