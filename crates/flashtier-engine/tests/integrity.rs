@@ -882,8 +882,10 @@ fn the_zeroes_of_block_5_survive_their_damaged_header(c: Cache) {
 }
 
 /// A write-zeroes of block `lba` with FUA: the backing store holds it at once, and relies on
-/// the log's INVALIDATE of the cached copy.
+/// the log's INVALIDATE of the cached copy. Everything is written back first: a block dirty in
+/// the cache would be zeroed there, not on the backing store.
 fn zero_fua(c: &Cache, lba: u64) {
+    c.write_back_all().unwrap();
     let opts = flashtier_io::ZeroOpts {
         fua: true,
         ..Default::default()

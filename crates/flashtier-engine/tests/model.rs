@@ -663,8 +663,9 @@ fn the_crash_checker_rejects_violations() {
 /// would serve the new content as clean while the backing store has the old, which comes back
 /// as soon as the cached copy is bypassed or evicted (this was engine bug A).
 ///
-/// Sequence (write-back): write X to block 0; FLUSH; write_zeroes(block 0) (not FUA: the cleaner
-/// writes X back, INVALIDATE, zeroes to the backing store, volatile); read block 0 (zeroes;
+/// Sequence (write-back): write X to block 0; FLUSH; write everything back (X clean: a dirty
+/// block would be zeroed in the cache); write_zeroes(block 0) (not FUA: INVALIDATE, zeroes to
+/// the backing store, volatile); read block 0 (zeroes;
 /// queues a PROMOTE of zeroes, which must be dropped); FUA write to block 2 (syncs the log, not
 /// the backing store); power loss dropping unflushed writes. Recovery may show X or zeroes (the
 /// write-zeroes was never flushed), but a mode switch must not change what block 0 reads.
@@ -673,6 +674,7 @@ fn promotion_of_unflushed_backing_data_is_not_cached() {
     let (rail, _cdev, _bdev, c) = setup(Mode::WriteBack, 1 << 20);
     c.write_at(&[0x58; BS as usize], 0, false).unwrap();
     c.flush().unwrap();
+    c.write_back_all().unwrap();
     c.write_zeroes(0, BS, ZeroOpts::default()).unwrap();
     assert_eq!(read_block(&c, 0), vec![0; BS as usize]);
     // Let the promotion reach the log writer's queue before the FUA write syncs it.
@@ -691,6 +693,56 @@ fn promotion_of_unflushed_backing_data_is_not_cached() {
         read_block(&c, 0),
         after_recovery,
         "block 0 changed with a mode switch: the cache served a copy the backing store lost"
+    );
+}
+
+/// Write-zeroes over blocks dirty in a write-back cache zeroes them in the cache, where they stay
+/// dirty (as zeroes), and zeroes only the others on the backing store. Before, it wrote the dirty
+/// blocks back first, running a cleaning pass on the client's thread. Then a power loss with
+/// nothing flushed since shows each block as before or zeroed, never the backing store's older
+/// copy of a dirty block; after a FLUSH, zeroes.
+#[test]
+fn write_zeroes_zeroes_dirty_blocks_in_the_cache() {
+    let (rail, _cdev, bdev, c) = setup(Mode::WriteBack, 1 << 20);
+    c.set_param("writeback_controller", "off").unwrap();
+    let old = pattern(7, 1 << 20);
+    c.write_at(&[0x58; 2 * BS as usize], 2 * BS, false).unwrap();
+    c.flush().unwrap();
+    let before = c.stats();
+    c.write_zeroes(0, 8 * BS, ZeroOpts::default()).unwrap();
+    let after = c.stats();
+    assert_eq!(
+        after.cleaner_writes, before.cleaner_writes,
+        "dirty blocks were written back"
+    );
+    assert_eq!(
+        c.status().dirty_blocks,
+        2,
+        "the dirty blocks, zeroed in the cache"
+    );
+    for b in 0..8 {
+        assert_eq!(read_block(&c, b), vec![0; BS as usize], "block {b}");
+    }
+    let imgs = rail.crash_images(1, flashtier_testkit::CrashPolicy::drop_all());
+    let recovered = reopen_images(imgs);
+    for b in 0..8u64 {
+        let block = read_block(&recovered, b);
+        let was = if (2..4).contains(&b) {
+            vec![0x58; BS as usize]
+        } else {
+            old[(b * BS) as usize..((b + 1) * BS) as usize].to_vec()
+        };
+        assert!(
+            block == was || block == vec![0; BS as usize],
+            "block {b} after a power loss is neither what it held nor zeroes"
+        );
+    }
+    c.flush().unwrap();
+    c.write_back_all().unwrap();
+    let backing = bdev.snapshot_durable();
+    assert!(
+        backing[..8 * BS as usize].iter().all(|&x| x == 0),
+        "the backing store holds the zeroes once written back"
     );
 }
 

@@ -13,9 +13,9 @@
 //! - **write-around, pass-through** (`write_around`): an INVALIDATE record for the range is
 //!   synced, then the backing store is written. So is a write-back or write-through write past
 //!   the sequential write cutoff, except for its blocks dirty in the cache.
-//! - **trim, write-zeroes** (below): like write-around (write-zeroes first writes back any dirty
-//!   blocks in the range, so a failing backing store cannot lose them; partial blocks at the
-//!   edges are zeroed through the write path).
+//! - **trim, write-zeroes** (`zero_trim`): trim like write-around; write-zeroes like a write past
+//!   the sequential cutoff whose backing store zeroes its blocks itself (dirty blocks in the range
+//!   are zeroed in the cache; partial blocks at the edges are zeroed through the write path).
 //!
 //! What every cached write goes through first (its blocks held, a read-modify-write for partial
 //! blocks) is in `write`; the backing store's own reads and writes in `pass_through`.
@@ -33,6 +33,7 @@ mod write;
 mod write_around;
 mod write_back;
 mod write_through;
+mod zero_trim;
 
 pub use detach::{ReleaseError, Released};
 pub use scrub::{ScrubProgress, ScrubReport};
@@ -46,7 +47,6 @@ use flashtier_io::{check_range, AlignedBuf, BlockDev, DevInfo, Extent, ZeroOpts}
 
 use crate::cleaner;
 use crate::engine::{self, Engine, OpenReport};
-use crate::health::BackingOp;
 use crate::layout::superblock::BackingIdentity;
 use crate::log_writer::Writer;
 use crate::policy::{Mode, ReclaimPolicy};
@@ -473,62 +473,12 @@ impl BlockDev for Cache {
 
     fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(self.info.size, offset, len, true)?;
-        let e = &*self.e;
-        let bs = self.block_size();
-        // Only whole blocks inside the range are dropped from the cache; the backing store gets
-        // the exact range (trimmed bytes may read as anything afterwards).
-        let first = offset.div_ceil(bs);
-        let last = ((offset + len) / bs).min(e.cached_blocks).max(first);
-        let mut busy = e.guards.busy(first, last - first);
-        self.invalidate(first, last - first)?;
-        let _held = self.hold_for_backing(offset, len);
-        e.backing_unflushed.store(true, Ordering::Release);
-        busy.written_unflushed();
-        let _fg = e.foreground.begin();
-        e.backing
-            .trim(offset, len)
-            .inspect_err(|err| e.backing_failed(BackingOp::Trim, err))
+        self.trim_range(offset, len)
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, opts: ZeroOpts) -> io::Result<()> {
         check_range(self.info.size, offset, len, true)?;
-        let e = &*self.e;
-        let bs = self.block_size();
-        let end = offset + len;
-        let first = offset.div_ceil(bs).min(e.cached_blocks);
-        let last = (end / bs).min(e.cached_blocks).max(first);
-        // Partial blocks at the edges are zeroed as ordinary writes.
-        // They are not part of a write stream: the whole blocks between them go around the cache
-        // anyway.
-        let head_end = (first * bs).min(end);
-        if head_end > offset {
-            let zeroes = vec![0u8; (head_end - offset) as usize];
-            self.write(&zeroes, offset, opts.fua, false)?;
-        }
-        // `max(offset)`: a range entirely in the uncached tail starts after the last block.
-        let tail_start = (last * bs).max(head_end).max(offset);
-        if end > tail_start {
-            let zeroes = vec![0u8; (end - tail_start) as usize];
-            self.write(&zeroes, tail_start, opts.fua, false)?;
-        }
-        if last > first {
-            let n = last - first;
-            let slots = e.geo.slot_count();
-            cleaner::clean_pass(e, |st| cleaner::dirty_in_range(st, slots, first, n), None)?;
-            let mut busy = e.guards.busy(first, n);
-            self.invalidate(first, n)?;
-            let _held = self.hold_for_backing(first * bs, n * bs);
-            let _fg = e.foreground.begin();
-            e.backing
-                .write_zeroes(first * bs, n * bs, opts)
-                .inspect_err(|err| e.backing_failed(BackingOp::Write, err))?;
-            e.backing_health.write_succeeded();
-            if !opts.fua {
-                e.backing_unflushed.store(true, Ordering::Release);
-                busy.written_unflushed();
-            }
-        }
-        Ok(())
+        self.zero_range(offset, len, opts)
     }
 
     fn prefetch(&self, offset: u64, len: u64) -> io::Result<()> {

@@ -6,6 +6,8 @@
 use std::io;
 use std::sync::atomic::Ordering;
 
+use flashtier_io::ZeroOpts;
+
 use crate::guards::BusyRange;
 use crate::health::BackingOp;
 use crate::integrity::IntegrityError;
@@ -83,13 +85,45 @@ impl Cache {
         busy: Option<&mut BusyRange<'_>>,
     ) -> io::Result<()> {
         let e = &*self.e;
-        let _fg = e.foreground.begin();
-        e.backing
-            .write_at(buf, offset, fua)
-            .inspect_err(|err| e.backing_failed(BackingOp::Write, err))?;
-        e.backing_health.write_succeeded();
+        let written = {
+            let _fg = e.foreground.begin();
+            e.backing.write_at(buf, offset, fua)
+        };
+        self.backing_written(written, fua, busy)?;
         Stats::add(&e.stats.backing_writes, 1);
         Stats::add(&e.stats.backing_write_bytes, buf.len() as u64);
+        Ok(())
+    }
+
+    /// Zeroes `len` bytes at `offset` on the backing store (WRITE_ZEROES) for a caller that
+    /// holds the blocks already; `busy` as for [`Cache::backing_write_held`].
+    pub(super) fn backing_zeroes_held(
+        &self,
+        _held: &RangeGuard<'_>,
+        offset: u64,
+        len: u64,
+        opts: ZeroOpts,
+        busy: Option<&mut BusyRange<'_>>,
+    ) -> io::Result<()> {
+        let e = &*self.e;
+        let written = {
+            let _fg = e.foreground.begin();
+            e.backing.write_zeroes(offset, len, opts)
+        };
+        self.backing_written(written, opts.fua, busy)
+    }
+
+    /// After a write (or WRITE_ZEROES) to the backing store: its failure recorded, or its
+    /// success, and without FUA, that the backing store holds unflushed writes.
+    fn backing_written(
+        &self,
+        written: io::Result<()>,
+        fua: bool,
+        busy: Option<&mut BusyRange<'_>>,
+    ) -> io::Result<()> {
+        let e = &*self.e;
+        written.inspect_err(|err| e.backing_failed(BackingOp::Write, err))?;
+        e.backing_health.write_succeeded();
         if !fua {
             e.backing_unflushed.store(true, Ordering::Release);
             if let Some(busy) = busy {

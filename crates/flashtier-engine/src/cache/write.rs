@@ -16,6 +16,7 @@ use crate::state::DirtyBlock;
 use crate::stats::Stats;
 
 use super::plan::{Promote, WritePlan};
+use super::write_around::Payload;
 use super::Cache;
 
 /// The records `log_blocks` wrote: each one's first block, the slot it landed in, and its
@@ -100,7 +101,7 @@ impl Cache {
                 } else {
                     RmwHeld::Shared { _guard: guard }
                 };
-                return self.write_past_cutoff(mode, first, buf, fua, held);
+                return self.write_past_cutoff(mode, first, Payload::Data(buf), fua, held);
             }
             let _shared = ranges.lock(first, last - first, Hold::Shared);
             return self.write_planned(plan, first, buf, fua);
@@ -120,7 +121,7 @@ impl Cache {
         data[skip..skip + buf.len()].copy_from_slice(buf);
         match plan {
             WritePlan::PastCutoff(mode) => {
-                self.write_past_cutoff(mode, first, &data, fua, RmwHeld::ByCaller)
+                self.write_past_cutoff(mode, first, Payload::Data(&data), fua, RmwHeld::ByCaller)
             }
             plan => self.write_planned(plan, first, &data, fua),
         }
@@ -142,7 +143,9 @@ impl Cache {
                 let _turn = self.e.guards.write_through_lock(lba, n);
                 self.write_through(lba, data, fua)
             }
-            WritePlan::Around => self.write_around_runs(lba, data, &[(0, n)], fua, || ()),
+            WritePlan::Around => {
+                self.write_around_runs(lba, Payload::Data(data), &[(0, n)], fua, || ())
+            }
             WritePlan::PastCutoff(mode) => {
                 unreachable!("a write past the cutoff in {mode} goes to write_past_cutoff")
             }
