@@ -75,8 +75,8 @@ impl Payload<'_> {
 impl Cache {
     /// Writes runs of whole blocks around the cache: invalidates them durably, then writes them
     /// to the backing store. `runs` are `(first, count)` blocks of `payload`, which starts at
-    /// block `lba`. `invalidated` runs once the INVALIDATEs are applied, before they are synced; what
-    /// it returns is kept until the backing writes are done.
+    /// block `lba`. `invalidated` runs once the INVALIDATEs are applied, before they are synced;
+    /// what it returns is kept until the backing writes are done.
     ///
     /// The blocks are held in `backing_ranges` from the INVALIDATEs on, not just for the backing
     /// writes: a write-back write that lands in the cache on these blocks after the INVALIDATE is

@@ -388,7 +388,8 @@ struct GateState {
 
 /// Forwards to `inner`, except that the next write (or flush, read) after
 /// [`Gate::park_next_write`] (or [`Gate::park_next_flush`], [`Gate::park_next_write_at`],
-/// [`Gate::park_next_read_at`]) waits until [`Gate::release`], *before* reaching `inner`. Gates stack (a gate over a gate) to park two chosen requests.
+/// [`Gate::park_next_read_at`]) waits until [`Gate::release`], *before* reaching `inner`. Gates
+/// stack (a gate over a gate) to park two chosen requests.
 pub struct Gate {
     inner: Arc<dyn BlockDev>,
     st: Mutex<GateState>,
