@@ -627,11 +627,16 @@ impl<'a> Walk<'a> {
     fn copy_continues(&self, h: &BatchHeader, prev: &BatchHeader) -> bool {
         h.log == self.log
             && h.epoch >= self.epoch
-            && prev.seq_first == self.expected
+            && h.seq_first == prev.seq_end()
+            && self.copy_is_expected(prev)
+    }
+
+    /// Whether `prev`, a copy of a previous header, is the header the walk expects next.
+    fn copy_is_expected(&self, prev: &BatchHeader) -> bool {
+        prev.seq_first == self.expected
             && prev.log == self.log
             && prev.epoch >= self.epoch
             && prev.kind != HeaderKind::Note
-            && h.seq_first == prev.seq_end()
             && self.entries_sane(prev)
     }
 
@@ -691,22 +696,32 @@ impl<'a> Walk<'a> {
             }
             for (i, block) in buf.chunks(bs).enumerate() {
                 let p = from + i as u32;
-                let Ok(h) = BatchHeader::decode(block) else {
-                    continue;
-                };
-                if h.log != self.log || h.epoch < self.epoch || h.seq_first < self.expected {
-                    continue;
-                }
+                let h = BatchHeader::decode(block);
                 if let Ok(prev) = BatchHeader::decode_prev(block) {
                     // At the damaged block, or after it when that one carried no records.
-                    let in_place =
-                        copy_place(seg, at, s, p, &prev, self.bps()) != CopyPlace::Elsewhere;
-                    if in_place && self.copy_continues(&h, &prev) {
+                    let place = copy_place(seg, at, s, p, &prev, self.bps());
+                    // The successor's own header may be damaged too while its copy of the
+                    // damaged one is intact (the long campaign, seed 0x2e705eed run 2015: a
+                    // synced batch's header and the first sector of the vouching header after
+                    // it; with the copy unread, the batch's blocks were unknown and an older
+                    // dirty copy showed through the data the cleaner had written back). Then
+                    // only a copy exactly where the damaged batch ends is taken.
+                    let continues = match &h {
+                        Ok(h) => place != CopyPlace::Elsewhere && self.copy_continues(h, &prev),
+                        Err(_) => place == CopyPlace::Damaged && self.copy_is_expected(&prev),
+                    };
+                    if continues {
                         let mut own = Box::new([0u8; OWN_LEN]);
                         own.copy_from_slice(&block[OWN_LEN..2 * OWN_LEN]);
                         found = Some((s, p, Some((prev, own))));
                         break 'scan;
                     }
+                }
+                let Ok(h) = h else {
+                    continue;
+                };
+                if h.log != self.log || h.epoch < self.epoch || h.seq_first < self.expected {
+                    continue;
                 }
                 if later.is_none_or(|(seq, _, _)| h.seq_first < seq) {
                     later = Some((h.seq_first, s, p));
