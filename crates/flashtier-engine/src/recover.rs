@@ -19,8 +19,9 @@
 //! - anything else that does not check out is the torn tail: the log ends there, exactly as
 //!   before, so what comes back is a prefix of the history.
 //!
-//! A damaged header is read from its successor, which carries a copy of it: so a damaged header
-//! costs nothing but the scan to find the successor. If both are gone, the records in between
+//! A damaged header is read from its successor, which carries a copy of it (checked on its own,
+//! so even a successor whose own header is damaged still gives it): so a damaged header costs
+//! nothing but the scan to find the successor. If both are gone, the records in between
 //! are reported as lost with blocks unknown, and replay goes on after them (only if proven
 //! durable, as above) from the nearest later header. Every clean block cached before such a gap
 //! is dropped (the gap may have invalidated it); dirty blocks are kept, and may be older than a
