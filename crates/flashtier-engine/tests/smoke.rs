@@ -12,8 +12,9 @@ fn ident(size: u64) -> BackingIdentity {
     }
 }
 
-#[test]
-fn write_read_close_reopen_crash_recover() {
+/// A 16 MiB cache device, formatted (256 KiB segments) for a 64 MiB backing store; returns
+/// both devices.
+fn formatted() -> (Arc<dyn BlockDev>, Arc<dyn BlockDev>) {
     let cache_dev: Arc<dyn BlockDev> = Arc::new(MemDev::new(16 << 20));
     let backing: Arc<dyn BlockDev> = Arc::new(MemDev::new(64 << 20));
     let opts = FormatOptions {
@@ -21,6 +22,12 @@ fn write_read_close_reopen_crash_recover() {
         ..Default::default()
     };
     format(&*cache_dev, ident(64 << 20), opts).unwrap();
+    (cache_dev, backing)
+}
+
+#[test]
+fn write_read_close_reopen_crash_recover() {
+    let (cache_dev, backing) = formatted();
     let c = Cache::open(cache_dev.clone(), backing.clone(), &ident(64 << 20), None).unwrap();
     assert_eq!(c.mode(), Mode::WriteBack);
     let data: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8).collect();
@@ -86,14 +93,8 @@ fn fills_the_cache_and_reclaims() {
 
 #[test]
 fn read_misses_are_promoted_and_then_hit() {
-    let cache_dev: Arc<dyn BlockDev> = Arc::new(MemDev::new(16 << 20));
-    let backing: Arc<dyn BlockDev> = Arc::new(MemDev::new(64 << 20));
+    let (cache_dev, backing) = formatted();
     backing.write_at(&[9u8; 65536], 0, false).unwrap();
-    let opts = FormatOptions {
-        segment_size: 256 << 10,
-        ..Default::default()
-    };
-    format(&*cache_dev, ident(64 << 20), opts).unwrap();
     let c = Cache::open(cache_dev.clone(), backing.clone(), &ident(64 << 20), None).unwrap();
     let mut buf = vec![0u8; 65536];
     c.read_at(&mut buf, 0).unwrap();
@@ -166,13 +167,7 @@ fn scan_larger_than_the_cache_after_a_hot_set() {
 /// replays only what was written since the last checkpoint, not an ever longer log.
 #[test]
 fn replayed_log_counts_towards_the_next_checkpoint() {
-    let cache_dev: Arc<dyn BlockDev> = Arc::new(MemDev::new(16 << 20));
-    let backing: Arc<dyn BlockDev> = Arc::new(MemDev::new(64 << 20));
-    let opts = FormatOptions {
-        segment_size: 256 << 10,
-        ..Default::default()
-    };
-    format(&*cache_dev, ident(64 << 20), opts).unwrap();
+    let (cache_dev, backing) = formatted();
     let open = || Cache::open(cache_dev.clone(), backing.clone(), &ident(64 << 20), None).unwrap();
     let slots = open().status().capacity_blocks;
     // Each round writes a tenth of the cache: under the checkpoint threshold (an eighth) alone,
@@ -207,13 +202,7 @@ fn replayed_log_counts_towards_the_next_checkpoint() {
 /// it waits to push it back rather than wake it.
 #[test]
 fn the_log_notes_a_flush_once_it_goes_quiet() {
-    let cache_dev: Arc<dyn BlockDev> = Arc::new(MemDev::new(16 << 20));
-    let backing: Arc<dyn BlockDev> = Arc::new(MemDev::new(64 << 20));
-    let opts = FormatOptions {
-        segment_size: 256 << 10,
-        ..Default::default()
-    };
-    format(&*cache_dev, ident(64 << 20), opts).unwrap();
+    let (cache_dev, backing) = formatted();
     let c = Cache::open(cache_dev, backing, &ident(64 << 20), None).unwrap();
     c.set_param("writeback_controller", "off").unwrap();
     let before = c.stats().cache_writes;
