@@ -8,9 +8,17 @@
 //!
 //! So every write bumps a stamp for the blocks it touches (striped by LBA), and writes that go to
 //! the backing store also mark their blocks busy until the backing store has them. A promotion
-//! records the clock before it reads the backing store and is dropped, before it reaches the log,
-//! if any of its blocks was stamped after that or is busy now. False conflicts (another block in
-//! the same stripe) only cost a promotion, never correctness.
+//! records the clock before the read looks its blocks up in the index and is dropped, before it
+//! reaches the log, if any of its blocks was stamped after that or is busy now. A write to the
+//! cache is stamped when its WRITE record is applied to the index (by the log writer, which also
+//! checks promotions, in log order), so a write the lookup did not see is always stamped after
+//! the promotion's clock. Both orders matter (found by a test racing a reader against writers in
+//! a cache too small for them): with the clock taken after the lookup, or the stamp before the
+//! record was applied, a miss could look up a block just before a write mapped it, read the older
+//! backing copy, pass the check, and wait in the queue (promotions wait for reclaim like any client
+//! record) while reclaim wrote the new data back and evicted it; the promotion then mapped the old
+//! data as clean. False conflicts (another block in the same stripe) only cost a promotion, never
+//! correctness.
 //!
 //! A promotion must also not cache what the backing store holds only in its volatile cache: a
 //! write that went around the cache and was not yet flushed there. Once the promotion is durable

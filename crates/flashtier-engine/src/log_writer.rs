@@ -14,8 +14,8 @@
 //! their snapshot of the index corresponds to an exact position in the log; the snapshot is
 //! copy-on-write (`cow`), and a checkpoint thread encodes and writes it while this thread goes on
 //! appending. This thread syncs it afterwards (every sync stays here: a failed sync is seen by the
-//! one thread that knows what it may have lost), counts it and frees the segments quarantined at
-//! the snapshot. One checkpoint is in flight at a time; one asked for meanwhile follows it.
+//! one thread that knows what it may have lost), counts it and frees the segments that had aged by
+//! the snapshot (see `segments`). One checkpoint is in flight at a time; one asked for meanwhile follows it.
 //!
 //! Errors: a failed batch write fails its waiters and seals the segment over the failed batch, so
 //! recovery never stops in front of later, successful batches; if even that fails, or a sync
@@ -91,8 +91,8 @@ struct InFlight {
     next_seq: u64,
     /// Quarantined segments released once the checkpoint is durable.
     release: Vec<u32>,
-    /// The segment the log was filling at the snapshot.
-    open: Option<u32>,
+    /// Quarantined segments that age once it is durable (see `segments`).
+    age: Vec<u32>,
     /// `Writer::blocks_since_checkpoint` at the snapshot.
     blocks_at_snapshot: u64,
     waiters: Vec<Ticket>,
@@ -156,14 +156,6 @@ pub struct Writer {
     checkpoint_wanted: bool,
     /// Who waits for that checkpoint.
     checkpoint_waiters: Vec<Ticket>,
-    /// The segment the log was filling when the newest durable checkpoint was taken: recovery
-    /// falls back to that checkpoint if the next one is damaged, walking the log from the middle
-    /// of this segment, and cannot find the log going on at its start if the segment was reused
-    /// (the walk has entered it already). So it is not freed by the next checkpoint, only by the
-    /// one after, when that checkpoint is no longer the fallback. (Found by the power-loss
-    /// campaign: a checkpoint in flight leaves the reserve reached, the head sealed and emptied
-    /// more often.) None when not known (after opening: as before).
-    fallback_open: Option<u32>,
 }
 
 /// A sync asked for in the round being run.
@@ -389,7 +381,6 @@ impl Writer {
             inflight: None,
             checkpoint_wanted: false,
             checkpoint_waiters: Vec::new(),
-            fallback_open: None,
         }
     }
 
@@ -837,6 +828,12 @@ impl Writer {
             let mut slot = first_slot + 1;
             for (r, _) in &batch.recs {
                 st.apply(&r.entry(), slot, &r.block_crcs);
+                if r.kind == Kind::Write {
+                    // Stamped as the index changes, not before: a read miss that found these
+                    // blocks unmapped looked before this, so its clock (taken before it looked)
+                    // is older than the stamp, and its promotion is dropped (see `guards`).
+                    self.e.guards.stamp(r.lba, r.nblocks as u64);
+                }
                 slot += r.data_blocks();
             }
             if let Some(h) = st.segs.head.as_mut() {
@@ -1219,12 +1216,12 @@ impl Writer {
         // The snapshot may only reference records that are durable.
         self.flush_device()?;
         let number = self.checkpoint_number + 1;
-        let snap = self.e.state.read().snapshot(self.fallback_open);
+        let snap = self.e.state.read().snapshot();
         let inflight = InFlight {
             number,
             next_seq: self.next_seq,
             release: snap.release.clone(),
-            open: snap.open.map(|h| h.segment),
+            age: snap.age.clone(),
             blocks_at_snapshot: self.blocks_since_checkpoint,
             waiters,
             thread: None,
@@ -1282,8 +1279,8 @@ impl Writer {
     }
 
     /// The second half of a checkpoint, once its image is written (or failed): a failed write
-    /// fails the log; otherwise the device is synced, which makes the checkpoint durable, and the
-    /// segments quarantined at its snapshot become free.
+    /// fails the log; otherwise the device is synced, which makes the checkpoint durable, the
+    /// segments aged at its snapshot become free and the others quarantined then age.
     fn complete_checkpoint(
         &mut self,
         inflight: &InFlight,
@@ -1305,8 +1302,11 @@ impl Writer {
             .blocks_since_checkpoint
             .saturating_sub(inflight.blocks_at_snapshot);
         Stats::add(&self.e.stats.checkpoints, 1);
-        self.fallback_open = inflight.open;
-        let released = self.e.state.write().segs.release_these(&inflight.release);
+        let released = {
+            let mut st = self.e.state.write();
+            st.segs.age(&inflight.age);
+            st.segs.release_these(&inflight.release)
+        };
         if !released.is_empty() {
             crate::state::wait_for_readers(&self.e.state, &released);
             self.client_blocked = false;

@@ -8,8 +8,8 @@
 //! LRU (at most half a segment is copied in all, and at most half the cache per reclaim round, so
 //! a round always ends); the rest are evicted. Victims follow the policy, except that a victim
 //! whose dirty blocks would have to be written back gives way to the sparsest segment if that
-//! one's can be copied instead. The victim is then
-//! quarantined until a checkpoint no longer references it.
+//! one's can be copied instead. The victim is then quarantined until neither checkpoint recovery
+//! may start from references it (two checkpoints later: see `segments`).
 //!
 //! A failed round (e.g. the backing store refuses write-back) is retried after an exponential
 //! backoff, 100 ms doubling to 5 s, reset by a round that succeeds; dirty blocks stay meanwhile.
@@ -96,7 +96,7 @@ fn needs_reclaim(e: &Engine) -> bool {
 }
 
 /// Empties victims until enough segments are free or quarantined, then checkpoints so the
-/// quarantined ones become free.
+/// quarantined ones become free (two checkpoints, when one is not enough: see `segments`).
 pub(crate) fn reclaim_until_target(e: &Engine) -> io::Result<()> {
     let _turn = e.reclaim_turn.lock();
     // Copying forward costs log space too (and a segment sealed early wastes some): once a round
@@ -130,7 +130,12 @@ pub(crate) fn reclaim_until_target(e: &Engine) -> io::Result<()> {
         let Some(victim) = victim else { break };
         reclaim_segment(e, victim, &mut copy_budget)?;
     }
-    if e.state.read().segs.quarantined_count() > 0 {
+    // A quarantined segment is freed by the second checkpoint after it was emptied (see
+    // `segments`): a second one when the first left the free segments at the low-water mark.
+    for round in 0..2 {
+        if e.state.read().segs.quarantined_count() == 0 || (round > 0 && !needs_reclaim(e)) {
+            break;
+        }
         e.log.checkpoint()?;
     }
     e.log.kick();

@@ -1,14 +1,18 @@
 //! Segment bookkeeping: which segments are free, which one the log is filling, how many live and
 //! dirty blocks each holds, and which reclaim has emptied but may not reuse yet.
 //!
-//! A segment reclaim has emptied is *quarantined* until the next checkpoint is durable: the last
-//! checkpoint may still map blocks into it (evictions are not logged), so its contents must stay
-//! intact until a checkpoint that no longer references it has been written. Quarantined segments
-//! then join the end of the free list, in the order the next checkpoint records, which is what
-//! lets recovery follow the log from segment to segment without scanning. One exception: the
-//! segment the log was filling when the newest durable checkpoint was taken waits for the
-//! checkpoint after the next (see `log_writer::Writer::fallback_open`): recovery falling back to that
-//! checkpoint walks the log from the middle of it.
+//! A segment reclaim has emptied is *quarantined* until no checkpoint recovery could start from
+//! still needs it. Recovery starts from the newest checkpoint, or from the one before it when the
+//! newest is damaged; either may map blocks into the segment (evictions are not logged), and the
+//! log written since either may lie in it. So a segment waits for two checkpoints: the first
+//! one durable after it was emptied no longer references it (it *ages*: see
+//! [`Segments::age`]), and the next one frees it, once the first is the older of the two that
+//! recovery may use. Freed segments join the end of the free list, in the order that checkpoint
+//! records, which is what lets recovery follow the log from segment to segment without scanning.
+//! (Found by the long power-loss campaign: with one checkpoint's wait, a segment the log had gone
+//! through after the older checkpoint was freed by the newer one and reused; with the newer one's
+//! body damaged, recovery from the older one met the log overwritten, cut it there, and served
+//! older data.)
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -22,7 +26,7 @@ pub enum SegState {
     Open,
     /// Full (or sealed early); holds live data until reclaimed.
     Sealed,
-    /// Emptied by reclaim; free once the next checkpoint is durable.
+    /// Emptied by reclaim; free once two checkpoints are durable (see the module's essay).
     Quarantined,
 }
 
@@ -53,6 +57,10 @@ pub struct Segments {
     /// log has none, and its blocks count as written when the engine started.
     written: Vec<Vec<(u32, u32)>>,
     free: VecDeque<u32>,
+    /// Quarantined since before the snapshot of the newest durable checkpoint, which therefore
+    /// does not reference them: the next checkpoint frees them. In quarantine order.
+    aged: Vec<u32>,
+    /// Quarantined later: the newest durable checkpoint may reference them. In quarantine order.
     quarantine: Vec<u32>,
     pub head: Option<Head>,
 }
@@ -82,6 +90,7 @@ impl Segments {
             readers: (0..n).map(|_| AtomicU32::new(0)).collect(),
             written: vec![Vec::new(); n],
             free: free.into(),
+            aged: Vec::new(),
             quarantine: Vec::new(),
             head: None,
         }
@@ -101,7 +110,7 @@ impl Segments {
     }
 
     pub fn quarantined_count(&self) -> usize {
-        self.quarantine.len()
+        self.aged.len() + self.quarantine.len()
     }
 
     pub fn live(&self, seg: u32) -> u32 {
@@ -120,31 +129,22 @@ impl Segments {
         self.live.iter().map(|&d| d as u64).sum()
     }
 
-    /// The free list in allocation order, followed by the quarantined segments: the order the log
-    /// will take segments in once the checkpoint being written is durable.
-    #[cfg(test)]
+    /// The order the log will take segments in once the checkpoint being written is durable: the
+    /// free list, then the segments that checkpoint frees ([`Segments::releasable`]).
     pub fn free_order_after_checkpoint(&self) -> Vec<u32> {
-        self.free.iter().chain(&self.quarantine).copied().collect()
+        self.free.iter().chain(&self.aged).copied().collect()
     }
 
-    /// The order the log will take segments in once the checkpoint being written is durable,
-    /// when that checkpoint frees the quarantined segments but `held` (which waits for the
-    /// checkpoint after): [`Segments::free_order_after_checkpoint`] without it.
-    pub fn free_order_holding(&self, held: Option<u32>) -> Vec<u32> {
-        self.free
-            .iter()
-            .chain(self.quarantine.iter().filter(|&&s| Some(s) != held))
-            .copied()
-            .collect()
+    /// The segments a checkpoint snapshotted now frees once it is durable, in the order they
+    /// join the free list.
+    pub fn releasable(&self) -> Vec<u32> {
+        self.aged.clone()
     }
 
-    /// The quarantined segments but `held`, in quarantine order.
-    pub fn quarantined_but(&self, held: Option<u32>) -> Vec<u32> {
-        self.quarantine
-            .iter()
-            .copied()
-            .filter(|&s| Some(s) != held)
-            .collect()
+    /// The segments a checkpoint snapshotted now no longer references: once it is durable, they
+    /// age ([`Segments::age`]), and the checkpoint after it frees them.
+    pub fn quarantined_young(&self) -> Vec<u32> {
+        self.quarantine.clone()
     }
 
     fn seg_of(&self, slot: u32) -> usize {
@@ -199,6 +199,7 @@ impl Segments {
         if let Some(at) = self.free.iter().position(|&s| s == seg) {
             self.free.remove(at);
         }
+        self.aged.retain(|&s| s != seg);
         self.quarantine.retain(|&s| s != seg);
         self.open(seg, first_seq);
     }
@@ -237,36 +238,42 @@ impl Segments {
         self.quarantine.push(seg);
     }
 
-    /// After a checkpoint is durable: the segments quarantined before it became free. Returns them
-    /// so the caller can wait for in-flight reads of them to finish before they are overwritten.
-    #[cfg(test)]
-    pub fn release(&mut self, upto: usize) -> Vec<u32> {
-        let released: Vec<u32> = self
-            .quarantine
-            .drain(..upto.min(self.quarantine.len()))
-            .collect();
-        for &s in &released {
-            self.state[s as usize] = SegState::Free;
-            self.free.push_back(s);
-        }
-        released
-    }
-
-    /// After a checkpoint is durable: `segs`, quarantined when it was taken, became free, in this
-    /// order (the order it recorded); like [`Segments::release`], returns them. Segments no longer
-    /// quarantined are skipped (none are: only recovery takes segments out of the quarantine).
+    /// After a checkpoint is durable: `segs`, which aged before its snapshot, became free, in
+    /// this order (the order it recorded). Returns them so the caller can wait for in-flight
+    /// reads of them to finish before they are overwritten. Segments no longer quarantined are
+    /// skipped (none are: only recovery takes segments out of the quarantine).
     pub fn release_these(&mut self, segs: &[u32]) -> Vec<u32> {
         let mut released = Vec::with_capacity(segs.len());
         for &s in segs {
-            let Some(at) = self.quarantine.iter().position(|&q| q == s) else {
-                debug_assert!(false, "releasing segment {s}, which is not quarantined");
+            let Some(at) = self.aged.iter().position(|&q| q == s) else {
+                debug_assert!(false, "releasing segment {s}, which has not aged");
                 continue;
             };
-            self.quarantine.remove(at);
+            self.aged.remove(at);
             self.state[s as usize] = SegState::Free;
             self.free.push_back(s);
             released.push(s);
         }
+        released
+    }
+
+    /// After a checkpoint is durable: `segs`, quarantined before its snapshot, are no longer
+    /// referenced by the newest checkpoint, and the next one frees them.
+    pub fn age(&mut self, segs: &[u32]) {
+        for &s in segs {
+            if let Some(at) = self.quarantine.iter().position(|&q| q == s) {
+                self.quarantine.remove(at);
+                self.aged.push(s);
+            }
+        }
+    }
+
+    /// One checkpoint's worth, for tests: what a checkpoint snapshotted now frees and ages.
+    #[cfg(test)]
+    pub fn checkpoint(&mut self) -> Vec<u32> {
+        let (release, young) = (self.releasable(), self.quarantined_young());
+        let released = self.release_these(&release);
+        self.age(&young);
         released
     }
 
@@ -388,29 +395,39 @@ mod tests {
         assert_eq!(s.state(0), SegState::Sealed);
         assert_eq!(s.pick_victim(ReclaimPolicy::Fifo), Some(0));
         s.quarantine(0);
+        assert_eq!(
+            s.checkpoint(),
+            Vec::<u32>::new(),
+            "the first checkpoint ages it"
+        );
+        assert_eq!(s.state(0), SegState::Quarantined);
         assert_eq!(s.free_order_after_checkpoint(), vec![1, 2, 3, 0]);
-        assert_eq!(s.release(usize::MAX), vec![0]);
+        assert_eq!(s.checkpoint(), vec![0], "the second frees it");
         assert_eq!(s.state(0), SegState::Free);
         assert_eq!(s.free_count(), 4);
     }
 
+    /// A segment quarantined while a checkpoint is in flight (after its snapshot) is not aged by
+    /// it: the checkpoint may reference it. It waits for two more.
     #[test]
-    fn a_held_segment_waits_for_the_next_checkpoint() {
+    fn a_segment_quarantined_after_a_snapshot_waits_for_two_more_checkpoints() {
         let mut s = Segments::new(5, 16);
         for seq in [1, 2, 3] {
             s.open_next(seq);
             s.seal_head();
         }
         s.quarantine(0);
+        let (release, young) = (s.releasable(), s.quarantined_young());
+        assert_eq!((release.clone(), young.clone()), (vec![], vec![0]));
         s.quarantine(2);
-        assert_eq!(s.free_order_holding(Some(0)), vec![3, 4, 2]);
-        assert_eq!(s.free_order_holding(None), s.free_order_after_checkpoint());
-        let release = s.quarantined_but(Some(0));
-        assert_eq!(s.release_these(&release), vec![2]);
-        assert_eq!(s.state(0), SegState::Quarantined);
-        assert_eq!(s.free_order_after_checkpoint(), vec![3, 4, 2, 0]);
-        assert_eq!(s.release_these(&s.quarantined_but(None)), vec![0]);
-        assert_eq!(s.free_count(), 4);
+        s.release_these(&release);
+        s.age(&young);
+        assert_eq!(s.free_order_after_checkpoint(), vec![3, 4, 0]);
+        assert_eq!(s.checkpoint(), vec![0]);
+        assert_eq!(s.state(2), SegState::Quarantined);
+        assert_eq!(s.checkpoint(), vec![2]);
+        assert_eq!(s.free_order_after_checkpoint(), vec![3, 4, 0, 2]);
+        assert_eq!(s.quarantined_count(), 0);
     }
 
     #[test]
@@ -447,7 +464,8 @@ mod tests {
         );
         s.seal_head();
         s.quarantine(0);
-        s.release(usize::MAX);
+        s.checkpoint();
+        s.checkpoint();
         s.open_next(2);
         s.open_next(3);
         assert_eq!(s.written_at(3), 0, "marks go when the segment is reused");

@@ -38,16 +38,17 @@ impl State {
 
     /// What a checkpoint records, as it is now. Costs O(slots / `cow::CHUNK_LEN` + segments +
     /// lost ranges) under the state lock, not O(slots): the per-slot arrays are shared
-    /// copy-on-write, and encoding them happens later, without the lock. The quarantined
-    /// segments become free once it is durable, but `held` (see `Writer::fallback_open`).
-    pub fn snapshot(&self, held: Option<u32>) -> Snapshot {
+    /// copy-on-write, and encoding them happens later, without the lock. Once it is durable,
+    /// the aged segments become free and the other quarantined ones age (see `segments`).
+    pub fn snapshot(&self) -> Snapshot {
         Snapshot {
             slots: self.index.snapshot(),
             crcs: self.crcs.clone(),
             open: self.segs.head,
-            free: self.segs.free_order_holding(held),
+            free: self.segs.free_order_after_checkpoint(),
             lost: self.lost.ranges().collect(),
-            release: self.segs.quarantined_but(held),
+            release: self.segs.releasable(),
+            age: self.segs.quarantined_young(),
         }
     }
 
@@ -176,9 +177,12 @@ pub struct Snapshot {
     pub free: Vec<u32>,
     /// Ranges of lost blocks.
     pub lost: Vec<(u64, u64)>,
-    /// Segments quarantined at the time, released once this checkpoint is durable (in this
-    /// order, the end of `free`); later ones may still be mapped by it.
+    /// Segments released once this checkpoint is durable (in this order, the end of `free`):
+    /// quarantined before the newest durable checkpoint's snapshot.
     pub release: Vec<u32>,
+    /// Segments quarantined since, which this checkpoint no longer references: they age once it
+    /// is durable, and the next checkpoint releases them. Later ones may still be mapped by it.
+    pub age: Vec<u32>,
 }
 
 /// Waits until no read started before `segments` were emptied is still running, so their slots

@@ -111,6 +111,9 @@ impl Cache {
     ) -> io::Result<Pass> {
         let e = &*self.e;
         let bs = self.block_size() as usize;
+        // Before the lookup: a write the lookup does not see is stamped after this, and a miss's
+        // promotion is dropped (see `guards`).
+        let since = e.guards.now();
         // Runs of hits (consecutive slots) and misses, found under one short read lock; the
         // segments holding hits are pinned until their reads are done.
         enum Run {
@@ -176,7 +179,7 @@ impl Cache {
                     Stats::add(&e.stats.cache_read_bytes, buf.len() as u64);
                     r.and_then(|()| self.check_hits(first + at, *slot, crcs, buf, promote))
                 }
-                Run::Miss { .. } => self.read_miss(first + at, n as u64, buf, promote),
+                Run::Miss { .. } => self.read_miss(first + at, n as u64, buf, promote, since),
             };
             if !matches!(r, Ok(Pass::Done)) {
                 result = r;
@@ -229,8 +232,8 @@ impl Cache {
         Ok(Pass::Done)
     }
 
-    /// Reads blocks from the backing store and queues the promotion of those `promote` allows.
-    /// Never waits (the caller pins segments, see `read_blocks`): [`Pass::Busy`] if a write of
+    /// Reads blocks from the backing store and queues the promotion of those `promote` allows;
+    /// `since`: the guard clock before the lookup that found them unmapped. Never waits (the caller pins segments, see `read_blocks`): [`Pass::Busy`] if a write of
     /// these blocks is landing on the backing store, whose read could see it half done.
     pub(super) fn read_miss(
         &self,
@@ -238,9 +241,9 @@ impl Cache {
         n: u64,
         buf: &mut [u8],
         promote: Promote,
+        since: u64,
     ) -> io::Result<Pass> {
         let e = &*self.e;
-        let since = e.guards.now();
         let bs = self.block_size();
         {
             let Some(_reading) = e.backing_ranges.try_lock(lba, n, Hold::Reading) else {

@@ -172,7 +172,6 @@ impl Cache {
             let from = done as usize * bs;
             let mut buf = e.log.buffer(k as usize * bs);
             buf.copy_from_slice(&data[from..from + k as usize * bs]);
-            e.guards.stamp(lba + done, k);
             let rec = Record::new(Kind::Write, lba + done, k as u32, Some(buf)).dirty(dirty);
             let appended = e.log.append(rec, false)?;
             records.push((lba + done, appended.slot, k as u32));
