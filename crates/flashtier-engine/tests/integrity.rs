@@ -1403,8 +1403,13 @@ fn newer_checkpoint_damaged_and_nothing_lost(
 /// fallback walk met the log's continuation overwritten and cut it, and reads returned older data
 /// (found by the long power-loss campaign, seed 0x2e705eed run 1138). Writers race a reader (which
 /// keeps old segments recent, so LRU reclaim picks ones the log just wrote) so the log moves on
-/// while checkpoints are in flight, as it did there. Fails without the fix in about one run in
-/// two (300 images each).
+/// while checkpoints are in flight, as it did there.
+///
+/// This does not catch the old rule: with it (`608a41f`) the test passed 10 runs of 10 (300
+/// images each), because a segment must be written after one checkpoint and emptied before the
+/// next, which checkpoints this frequent rarely allow. The rule itself is pinned by the unit test
+/// `segments::tests::a_segment_quarantined_after_a_snapshot_waits_for_two_more_checkpoints`; the long
+/// power-loss campaign is what found the case.
 #[test]
 fn the_log_after_the_fallback_checkpoint_is_not_overwritten() {
     const HOT: u64 = 256;
