@@ -15,7 +15,8 @@
 //! copy-on-write (`cow`), and a checkpoint thread encodes and writes it while this thread goes on
 //! appending. This thread syncs it afterwards (every sync stays here: a failed sync is seen by the
 //! one thread that knows what it may have lost), counts it and frees the segments that had aged by
-//! the snapshot (see `segments`). One checkpoint is in flight at a time; one asked for meanwhile follows it.
+//! the snapshot (see `segments`). One checkpoint is in flight at a time; one asked for meanwhile
+//! follows it.
 //!
 //! Errors: a failed batch write fails its waiters and seals the segment over the failed batch, so
 //! recovery never stops in front of later, successful batches; if even that fails, or a sync
@@ -1216,12 +1217,13 @@ impl Writer {
         // The snapshot may only reference records that are durable.
         self.flush_device()?;
         let number = self.checkpoint_number + 1;
-        let snap = self.e.state.read().snapshot();
+        let mut snap = self.e.state.read().snapshot();
         let inflight = InFlight {
             number,
             next_seq: self.next_seq,
-            release: snap.release.clone(),
-            age: snap.age.clone(),
+            // The image records neither (`free` already ends with `release`).
+            release: std::mem::take(&mut snap.release),
+            age: std::mem::take(&mut snap.age),
             blocks_at_snapshot: self.blocks_since_checkpoint,
             waiters,
             thread: None,

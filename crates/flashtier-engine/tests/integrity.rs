@@ -1407,9 +1407,9 @@ fn newer_checkpoint_damaged_and_nothing_lost(
 ///
 /// This does not catch the old rule: with it (`608a41f`) the test passed 10 runs of 10 (300
 /// images each), because a segment must be written after one checkpoint and emptied before the
-/// next, which checkpoints this frequent rarely allow. The rule itself is pinned by the unit test
-/// `segments::tests::a_segment_quarantined_after_a_snapshot_waits_for_two_more_checkpoints`; the long
-/// power-loss campaign is what found the case.
+/// next, which checkpoints this frequent rarely allow. The rule itself is pinned by the unit
+/// test `segments::tests::a_segment_quarantined_after_a_snapshot_waits_for_two_more_checkpoints`;
+/// the long power-loss campaign is what found the case.
 #[test]
 fn the_log_after_the_fallback_checkpoint_is_not_overwritten() {
     const HOT: u64 = 256;

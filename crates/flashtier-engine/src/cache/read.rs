@@ -233,8 +233,9 @@ impl Cache {
     }
 
     /// Reads blocks from the backing store and queues the promotion of those `promote` allows;
-    /// `since`: the guard clock before the lookup that found them unmapped. Never waits (the caller pins segments, see `read_blocks`): [`Pass::Busy`] if a write of
-    /// these blocks is landing on the backing store, whose read could see it half done.
+    /// `since`: the guard clock before the lookup that found them unmapped. Never waits (the
+    /// caller pins segments, see `read_blocks`): [`Pass::Busy`] if a write of these blocks is
+    /// landing on the backing store, whose read could see it half done.
     pub(super) fn read_miss(
         &self,
         lba: u64,

@@ -139,9 +139,9 @@ impl Cache {
     /// No write may make a block dirty between that check and its INVALIDATE. Write-back writes
     /// of these blocks are held off by their range in `write_ranges`, held exclusively (`held`)
     /// until the INVALIDATEs are applied, then shared like any whole-block write (so a
-    /// partial-block write still cannot read these blocks before the backing store has them). Write-through writes take the blocks' turn
-    /// lock, held here until the backing writes are done, which also keeps the two in log order
-    /// on the backing store.
+    /// partial-block write still cannot read these blocks before the backing store has them).
+    /// Write-through writes take the blocks' turn lock, held here until the backing writes are
+    /// done, which also keeps the two in log order on the backing store.
     pub(super) fn write_past_cutoff(
         &self,
         mode: Mode,
