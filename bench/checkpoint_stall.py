@@ -162,6 +162,13 @@ def run_one(args, binary, work, label):
         have = {s for s, _ in seconds}
         seconds = sorted(seconds + [(s, 0.0) for s in range(seconds[0][0], seconds[-1][0]) if s not in have])
     values = [v for _, v in seconds]
+    # The log writer's part of each checkpoint, from the server's own counters (binaries that
+    # have them): its two syncs and the snapshot, and the checkpoint thread's image write.
+    counters = samples[-1][1].get("counters", {}) if samples else {}
+    timed = {}
+    if counters.get("checkpoints") and "checkpoint_sync_us" in counters:
+        n = counters["checkpoints"]
+        timed = {k: counters[f"checkpoint_{k}_us"] / n / 1000 for k in ("sync", "snapshot", "write")}
     summary = {
         "max_lat_with_checkpoint_ms": max(during) if during else float("nan"),
         "max_lat_between_ms": max(between) if between else float("nan"),
@@ -171,6 +178,7 @@ def run_one(args, binary, work, label):
         "fio_iops": m["iops"], "fio_write_p99_us": m["write"]["lat_p99_us"],
         "fio_write_p999_us": m["write"]["lat_p999_us"],
         "rss_peak_mib": status.get("VmHWM", 0) / 1024, "rss_end_mib": status.get("VmRSS", 0) / 1024,
+        "per_checkpoint_ms": timed,
     }
     return {"label": label, "binary": str(binary), "summary": summary, "spans": spans,
             "per_second_iops": seconds, "max_lat_windows": [(t, v / 1e6) for t, v in lat],
@@ -208,6 +216,11 @@ def report(args, machine, runs, elapsed):
     for r in runs:
         spans = ", ".join(f"{a:.0f}–{b:.0f} s" for a, b in r["spans"])
         lines.append(f"- {r['label']} (`{r['binary']}`): checkpoint spans {spans or 'none'}")
+        timed = r["summary"].get("per_checkpoint_ms")
+        if timed:
+            lines.append(f"  - per checkpoint (mean, from the server's counters): the log writer's syncs "
+                         f"{timed['sync']:.1f} ms and snapshot {timed['snapshot']:.1f} ms; the checkpoint "
+                         f"thread's encoding and write {timed['write']:.1f} ms")
     lines.append("")
     doc = {"args": vars(args), "machine": machine, "runs": runs, "elapsed_s": elapsed}
     bl.write_results(out, "checkpoint_stall", doc, lines)

@@ -27,7 +27,7 @@
 //!
 //! A pass must not land an old version of a block on the backing store after a newer version
 //! written straight there (write-through, write-around, trim, write-zeroes). Those writes hold
-//! their blocks in `Engine::backing_ranges` (shared) from their INVALIDATE, or their record, until
+//! their blocks in `Backing::ranges` (shared) from their INVALIDATE, or their record, until
 //! the backing store has them; a pass holds each run (exclusive) only while it writes that run,
 //! and reads each block's version as the index maps it then, not as it was chosen: one
 //! invalidated since is skipped, one cached anew is written in its new version. So a pass waits
@@ -123,11 +123,11 @@ pub(crate) fn clean_pass_with(
     let backing_errors = e.stats.backing_errors.load(Ordering::Relaxed);
     let result = write_back(e, &blocks, &crcs, cancel, pass_io);
     match &result {
-        Ok(n) if *n > 0 => e.backing_health.write_succeeded(),
+        Ok(n) if *n > 0 => e.backing.health.write_succeeded(),
         Ok(_) => {}
         // Only backing failures count (a cache read error is the cache device's).
         Err(_) if e.stats.backing_errors.load(Ordering::Relaxed) != backing_errors => {
-            e.backing_health.writeback_failed()
+            e.backing.health.writeback_failed()
         }
         Err(_) => {}
     }
@@ -186,7 +186,7 @@ fn write_back(
             // Clients first: all writers but one wait while client backing I/O is in flight.
             while !first
                 && pass_io.yield_to_foreground
-                && e.foreground.busy()
+                && e.backing.foreground.busy()
                 && !stop.load(Ordering::Acquire)
                 && !cancelled()
             {
@@ -221,7 +221,8 @@ fn write_back(
             // No write straight to the backing store of these blocks is in flight while this is
             // held, and none starts.
             let _run_held = e
-                .backing_ranges
+                .backing
+                .ranges
                 .lock(run[0].lba, run.len() as u64, Hold::Exclusive);
             let result =
                 read_current(e, run, &crcs[range.clone()], &mut buf[..len]).and_then(|current| {
@@ -229,6 +230,7 @@ fn write_back(
                     for part in good_stretches(&good) {
                         let bytes = &buf[part.start * bs as usize..part.end * bs as usize];
                         e.backing
+                            .dev
                             .write_at(bytes, run[part.start].lba * bs, false)
                             .inspect_err(|err| e.backing_failed(BackingOp::Write, err))?;
                         Stats::add(&e.stats.backing_writes, 1);

@@ -1,25 +1,26 @@
 //! The engine's shared state, and formatting, opening and closing a cache device.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flashtier_io::{AlignedBuf, BlockDev};
-use parking_lot::{Condvar, Mutex, RwLock};
+use parking_lot::{Mutex, RwLock};
 
+use crate::backing::Backing;
 use crate::guards::Guards;
-use crate::health::{BackingHealth, BackingOp};
+use crate::health::BackingOp;
 use crate::layout::checkpoint::Checkpoint;
 use crate::layout::superblock::{BackingIdentity, Superblock};
 use crate::layout::Geometry;
-use crate::log::{Log, RESERVE};
-use crate::policy::admission::{self, MissTable};
-use crate::policy::sequential::StreamDetector;
-use crate::policy::{Mode, ReclaimPolicy};
+use crate::log::{self, Log, LogStart};
+use crate::mailbox::Mailbox;
+use crate::policy::{Mode, ReclaimPolicy, RequestHistory};
 use crate::recover;
 use crate::state::State;
 use crate::stats::Stats;
-use crate::writeback_control::{Foreground, WritebackHandle};
+use crate::tunables::Tunables;
+use crate::writeback_control::WritebackHandle;
 use crate::EngineError;
 
 /// Default cache block.
@@ -29,67 +30,46 @@ pub const DEFAULT_SEGMENT_SIZE: u32 = 4 << 20;
 /// Largest write applied as one record (all-or-nothing after a crash).
 pub const MAX_ATOMIC_WRITE: u32 = 1 << 20;
 
-/// Everything the engine's threads share.
+/// Everything the engine's threads share: each component owns its state and its locks (the
+/// log, the index and segments, the backing store, the live parameters, the request history, the
+/// reclaim and cleaner mailboxes); this is where they meet. `open_engine` builds it, and
+/// `Cache::open` starts the threads that take it (the composition root).
 pub struct Engine {
     pub(crate) cache: Arc<dyn BlockDev>,
-    pub(crate) backing: Arc<dyn BlockDev>,
+    pub(crate) backing: Backing,
     pub(crate) geo: Geometry,
-    pub(crate) state: RwLock<State>,
-    pub(crate) log: Log,
-    pub(crate) guards: Guards,
-    pub(crate) stats: Stats,
-    pub(crate) tunables: crate::tunables::Tunables,
-    /// Recent read and write streams, for the sequential cutoffs.
-    pub(crate) read_streams: StreamDetector,
-    pub(crate) write_streams: StreamDetector,
-    /// Recent read misses per block, for n-hit promotion; allocated when first needed.
-    pub(crate) misses: OnceLock<MissTable>,
+    pub(crate) state: Arc<RwLock<State>>,
+    pub(crate) log: Arc<Log>,
+    pub(crate) guards: Arc<Guards>,
+    pub(crate) stats: Arc<Stats>,
+    /// The live parameters, the reclaim policy among them.
+    pub(crate) tunables: Tunables,
+    /// What the request plan remembers between requests.
+    pub(crate) history: RequestHistory,
     pub(crate) superblock: Mutex<Superblock>,
     mode: AtomicU8,
-    reclaim_policy: AtomicU8,
     /// Shared by every client write while it decides by the mode and carries it out; exclusive
     /// for what needs no write in flight (a mode switch, detach, forget-lost).
     pub(crate) writes_gate: RwLock<()>,
     /// The blocks each write holds (see `range_lock`): exclusively for a read-modify-write of
     /// partial blocks, shared for whole blocks.
     pub(crate) write_ranges: crate::range_lock::RangeLock,
-    /// The blocks a write straight to the backing store holds (shared) from its INVALIDATE on
-    /// until the backing store has it, and a cleaning pass holds (exclusive) while it writes a
-    /// run of them back (see `cleaner`).
-    pub(crate) backing_ranges: crate::range_lock::RangeLock,
     /// Cleaning passes run one at a time.
     pub(crate) passes: crate::pass_gate::PassGate,
-    /// The backing store was written (bypassing the cache) since it was last flushed.
-    pub(crate) backing_unflushed: AtomicBool,
-    /// FLUSHes take turns for the backing store's flush (see `Cache::flush`).
-    pub(crate) backing_flush_turn: Mutex<()>,
+    /// The reclaim thread's mailbox.
+    pub(crate) reclaim: Arc<Mailbox>,
     /// One reclaim at a time (the background thread or `Cache::reclaim_now`): two would pick
     /// the same victim.
     pub(crate) reclaim_turn: Mutex<()>,
-    /// Write-through blocks written to the backing store but not yet flushed there, with their
-    /// segments' generations; marked clean after the next backing flush.
-    pub(crate) unflushed_write_through: Mutex<(Vec<crate::state::DirtyBlock>, Vec<u64>)>,
+    /// The background cleaner's mailbox and report.
+    pub(crate) writeback: WritebackHandle,
     pub(crate) started: Instant,
-    pub(crate) reclaim: Mutex<ReclaimControl>,
-    pub(crate) reclaim_cv: Condvar,
     /// Blocks of the backing store the cache covers (a partial last block is not cached).
     pub(crate) cached_blocks: u64,
     /// Bytes of the largest single record.
     pub(crate) atomic_bytes: u32,
-    /// Whether the backing store is failing (see `health`).
-    pub(crate) backing_health: BackingHealth,
-    /// Client I/O to the backing store, which background write-back gives way to.
-    pub(crate) foreground: Foreground,
-    /// The background cleaner's mailbox and report.
-    pub(crate) writeback: WritebackHandle,
     /// What recovery found damaged when this cache was opened.
     pub(crate) recovery_damage: Vec<crate::recover::Damage>,
-}
-
-#[derive(Default)]
-pub(crate) struct ReclaimControl {
-    pub wake: bool,
-    pub stop: bool,
 }
 
 impl Engine {
@@ -102,11 +82,7 @@ impl Engine {
     }
 
     pub fn reclaim_policy(&self) -> ReclaimPolicy {
-        ReclaimPolicy::from_u8(self.reclaim_policy.load(Ordering::Relaxed)).unwrap_or_default()
-    }
-
-    pub(crate) fn set_reclaim_policy(&self, p: ReclaimPolicy) {
-        self.reclaim_policy.store(p as u8, Ordering::Relaxed);
+        self.tunables.reclaim_policy()
     }
 
     /// Seconds since the engine started, for LRU ages and n-hit windows.
@@ -114,16 +90,9 @@ impl Engine {
         self.started.elapsed().as_secs() as u32
     }
 
-    /// The n-hit miss table, sized for this cache (RAM is spent only once n-hit is used).
-    pub(crate) fn miss_table(&self) -> &MissTable {
-        self.misses.get_or_init(|| {
-            MissTable::with_capacity(admission::entries_for_cache(self.geo.slot_count() as u64))
-        })
-    }
-
     /// Reclaim runs when free segments drop to this many.
     pub(crate) fn reclaim_low_water(&self) -> usize {
-        RESERVE + 1 + self.geo.segment_count as usize / 32
+        log::reclaim_low_water(self.geo.segment_count)
     }
 
     /// Reclaim stops once this many segments are free or waiting for a checkpoint.
@@ -135,12 +104,7 @@ impl Engine {
     /// store works again).
     pub(crate) fn backing_failed(&self, op: BackingOp, err: &std::io::Error) {
         Stats::add(&self.stats.backing_errors, 1);
-        self.backing_health.failed(op, err);
-    }
-
-    pub(crate) fn wake_reclaim(&self) {
-        self.reclaim.lock().wake = true;
-        self.reclaim_cv.notify_one();
+        self.backing.health.failed(op, err);
     }
 }
 
@@ -268,20 +232,6 @@ pub struct OpenReport {
     pub log_end: u64,
 }
 
-/// Where the log writer starts after opening.
-pub(crate) struct LogStart {
-    pub next_seq: u64,
-    pub replayed_blocks: u64,
-    pub epoch: u64,
-    pub checkpoint_number: u64,
-    /// The own half of the log's last header, which the next header carries a copy of.
-    pub last_header: Box<[u8; crate::layout::batch::OWN_LEN]>,
-    /// Recovery repaired something in memory: a checkpoint makes it durable at once.
-    pub checkpoint_now: bool,
-    /// This cache's log id (see `layout::batch::log_id`).
-    pub log_id: u64,
-}
-
 /// Reads the superblock, checks it belongs to `backing`, recovers, and marks the cache in use
 /// (a new epoch, the clean-shutdown flag cleared). Nothing is written unless every check passes.
 pub(crate) fn open_engine(
@@ -369,35 +319,25 @@ pub(crate) fn open_engine(
     let atomic_bytes = MAX_ATOMIC_WRITE.min((geo.blocks_per_segment() - 2) * geo.block_size);
     let engine = Engine {
         cache,
-        backing,
+        backing: Backing::new(backing),
         geo,
-        state: RwLock::new(recovered.state),
-        log: Log::new(atomic_bytes as usize),
-        guards: Guards::default(),
-        stats: Stats::default(),
-        tunables: Default::default(),
-        read_streams: StreamDetector::default(),
-        write_streams: StreamDetector::default(),
-        misses: OnceLock::new(),
+        state: Arc::new(RwLock::new(recovered.state)),
+        log: Arc::new(Log::new(atomic_bytes as usize)),
+        guards: Arc::default(),
+        stats: Arc::default(),
+        tunables: Tunables::opened_with(new_sb.reclaim),
+        history: RequestHistory::new(geo.slot_count() as u64),
         superblock: Mutex::new(new_sb.clone()),
         mode: AtomicU8::new(mode.unwrap_or(new_sb.default_mode) as u8),
-        reclaim_policy: AtomicU8::new(new_sb.reclaim as u8),
         writes_gate: RwLock::new(()),
         write_ranges: Default::default(),
-        backing_ranges: Default::default(),
         passes: Default::default(),
-        backing_unflushed: AtomicBool::new(false),
-        backing_flush_turn: Mutex::new(()),
+        reclaim: Arc::default(),
         reclaim_turn: Mutex::new(()),
-        unflushed_write_through: Mutex::new((Vec::new(), Vec::new())),
+        writeback: Default::default(),
         started: Instant::now(),
-        reclaim: Mutex::new(ReclaimControl::default()),
-        reclaim_cv: Condvar::new(),
         cached_blocks: sb.backing.size / geo.block_size as u64,
         atomic_bytes,
-        backing_health: BackingHealth::default(),
-        foreground: Default::default(),
-        writeback: Default::default(),
         recovery_damage: damage,
     };
     let engine_damage_empty = engine.recovery_damage.is_empty();
@@ -426,6 +366,7 @@ pub(crate) fn open_engine(
 pub(crate) fn flush_backing(e: &Engine) -> std::io::Result<()> {
     let began = e.guards.flush_begins();
     e.backing
+        .dev
         .flush()
         .inspect_err(|err| e.backing_failed(BackingOp::Flush, err))?;
     Stats::add(&e.stats.backing_flushes, 1);
@@ -441,14 +382,4 @@ pub(crate) fn mark_clean(e: &Engine) -> std::io::Result<()> {
     sb.default_mode = e.mode();
     sb.reclaim = e.reclaim_policy();
     recover::write_superblock(&*e.cache, &sb)
-}
-
-impl crate::tunables::EngineState for Engine {
-    fn reclaim_policy(&self) -> ReclaimPolicy {
-        Engine::reclaim_policy(self)
-    }
-
-    fn set_reclaim_policy(&self, policy: ReclaimPolicy) {
-        Engine::set_reclaim_policy(self, policy)
-    }
 }

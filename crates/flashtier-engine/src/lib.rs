@@ -28,19 +28,23 @@
 //! block to its slot in ~13 bytes of RAM per cache block.
 //!
 //! Modules: `layout` (the on-device format), `index`, `cow` (the copy-on-write arrays that let
-//! checkpoints snapshot the index without stalling clients), `segments`, `log` (the writer thread),
-//! `recover`, `cache` (the volume and its per-mode I/O paths), `cleaner`, `reclaim`, `writeback`
-//! (the background cleaner and its controller), `guards` (keeping promotions from caching stale
-//! data), `policy` (modes, sequential stream detection, n-hit admission), `stats`, [`tunables`]
-//! (the live parameters). They are private: the crate root re-exports what the binary and the
-//! control plane use, [`adopt`] and [`tunables`] are public as the namespaces callers name, and
-//! [`internals`] (hidden) serves the integration tests and fuzzers.
+//! checkpoints snapshot the index without stalling clients), `segments`, `log` (the records, waiters
+//! and queues), `log_writer` (the thread that writes them), `recover`, `cache` (the volume and its per-mode I/O paths), `backing` (the backing store's
+//! device, health and locks), `cleaner`, `reclaim`, `writeback` (the background cleaner and its
+//! controller), `mailbox` (waking and stopping those threads), `guards` (keeping promotions from
+//! caching stale data), `policy` (modes, sequential stream detection, n-hit admission), `stats`,
+//! [`tunables`] (the live parameters). `engine` holds the components' handles; `Cache::open` is
+//! the composition root that starts the threads with the handles each needs. The modules are
+//! private: the crate root re-exports what the binary and the control plane use, [`adopt`] and
+//! [`tunables`] are public as the namespaces callers name, and [`internals`] (hidden) serves the
+//! integration tests and fuzzers.
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 #![warn(unnameable_types)]
 
 pub mod adopt;
+mod backing;
 mod cache;
 mod cleaner;
 mod cow;
@@ -53,6 +57,7 @@ mod layout;
 mod log;
 mod log_writer;
 mod lost;
+mod mailbox;
 mod pass_gate;
 mod policy;
 mod range_lock;

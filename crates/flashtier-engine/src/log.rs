@@ -64,6 +64,27 @@ impl From<LogError> for io::Error {
 /// Free segments kept back for reclaim's own records.
 pub const RESERVE: usize = 2;
 
+/// Reclaim runs when free segments drop to this many (of `segment_count`): the reserve, the
+/// segment after the head, and a 32nd of the cache, so that reclaim has started well before
+/// client records must wait.
+pub(crate) fn reclaim_low_water(segment_count: u32) -> usize {
+    RESERVE + 1 + segment_count as usize / 32
+}
+
+/// Where the log writer starts after opening.
+pub(crate) struct LogStart {
+    pub next_seq: u64,
+    pub replayed_blocks: u64,
+    pub epoch: u64,
+    pub checkpoint_number: u64,
+    /// The own half of the log's last header, which the next header carries a copy of.
+    pub last_header: Box<[u8; batch::OWN_LEN]>,
+    /// Recovery repaired something in memory: a checkpoint makes it durable at once.
+    pub checkpoint_now: bool,
+    /// This cache's log id (see `layout::batch::log_id`).
+    pub log_id: u64,
+}
+
 /// A record to append.
 pub struct Record {
     pub kind: Kind,

@@ -36,19 +36,21 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use flashtier_io::AlignedBuf;
-use parking_lot::{Mutex, MutexGuard};
+use flashtier_io::{AlignedBuf, BlockDev};
+use parking_lot::{Mutex, MutexGuard, RwLock};
 use smallvec::SmallVec;
 
-use crate::engine::Engine;
+use crate::guards::Guards;
 use crate::layout::batch::{self, BatchHeader, Entry, HeaderKind, Kind, OWN_LEN};
 use crate::layout::checkpoint::{CheckpointEntry, Frame, LogHead};
+use crate::layout::Geometry;
 use crate::log::{
-    complete, Appended, CheckpointError, Lead, Log, LogError, Op, Queue, Record, Ticket, Written,
-    DROPPED, RESERVE,
+    complete, reclaim_low_water, Appended, CheckpointError, Lead, Log, LogError, LogStart, Op,
+    Queue, Record, Ticket, Written, DROPPED, RESERVE,
 };
+use crate::mailbox::Mailbox;
 use crate::segments::Head;
-use crate::state::Snapshot;
+use crate::state::{Snapshot, State};
 use crate::stats::Stats;
 
 /// Most data blocks in one batch (2 MiB at 4 KiB blocks).
@@ -100,15 +102,39 @@ struct InFlight {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-/// Checks one block read from slot `slot` (of block `lba`) against `crc`; see [`Writer`].
-pub(crate) type CheckBlock = fn(&Engine, u64, u32, u32, &mut [u8]);
+/// Checks one block of `lba` read back from slot `slot` against `crc`, and handles one that fails
+/// (`integrity::check_block`).
+pub(crate) type CheckBlock = Arc<dyn Fn(u64, u32, u32, &mut [u8]) + Send + Sync>;
+
+/// What the log writer works with, handed in by `Cache::open` (the composition root): the cache
+/// device and its geometry, the index and segments it applies batches to, the log it drains, the
+/// counters, the promotion guards it stamps, and the reclaim thread's mailbox it wakes. The
+/// engine holds the same handles; the writer needs nothing else of it.
+#[derive(Clone)]
+pub(crate) struct WriterParts {
+    pub(crate) cache: Arc<dyn BlockDev>,
+    pub(crate) geo: Geometry,
+    pub(crate) state: Arc<RwLock<State>>,
+    pub(crate) log: Arc<Log>,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) guards: Arc<Guards>,
+    pub(crate) reclaim: Arc<Mailbox>,
+    /// The engine's start, the origin of LRU ages.
+    pub(crate) started: Instant,
+    /// What a block read back after a failed sync is checked with: handed in, so that the log
+    /// writer depends neither on the engine nor on the module that appends LOST records.
+    pub(crate) check_block: CheckBlock,
+}
+
+impl WriterParts {
+    /// Seconds since the engine started, for LRU ages.
+    fn now_secs(&self) -> u32 {
+        self.started.elapsed().as_secs() as u32
+    }
+}
 
 pub struct Writer {
-    e: Arc<Engine>,
-    /// Checks a block read back from the cache device against its checksum, and handles one that
-    /// fails (`integrity::check_block`): handed in, so that the log does not depend on the module
-    /// that appends LOST records to it.
-    check_block: CheckBlock,
+    e: WriterParts,
     next_seq: u64,
     epoch: u64,
     checkpoint_number: u64,
@@ -216,7 +242,7 @@ impl Batch {
 /// while holding the queue, so neither waits for `writer` while the other holds it.
 struct Rounds {
     writer: Mutex<Writer>,
-    e: Arc<Engine>,
+    log: Arc<Log>,
 }
 
 /// What the thread does after `Writer::decide`.
@@ -241,7 +267,7 @@ enum AfterIdle {
 impl Rounds {
     /// The log-writer thread.
     fn run(&self) {
-        let log = &self.e.log;
+        let log = &self.log;
         let mut q = log.queue.lock();
         loop {
             if q.leading {
@@ -300,7 +326,7 @@ impl Rounds {
 
 impl Lead for Rounds {
     fn lead(&self, system: bool, op: Op) -> Option<Op> {
-        let log = &self.e.log;
+        let log = &self.log;
         let mut q = log.queue.lock();
         if q.leading || q.has_work() {
             return Some(op);
@@ -335,11 +361,7 @@ impl Lead for Rounds {
 }
 
 impl Writer {
-    pub(crate) fn new(
-        e: Arc<Engine>,
-        start: &crate::engine::LogStart,
-        check_block: CheckBlock,
-    ) -> Writer {
+    pub(crate) fn new(e: WriterParts, start: &LogStart) -> Writer {
         let bs = e.geo.block_size as usize;
         if start.checkpoint_now {
             // What recovery repaired (lost blocks, a damaged checkpoint slot) made durable now,
@@ -347,7 +369,6 @@ impl Writer {
             e.log.request_checkpoint();
         }
         Writer {
-            check_block,
             e,
             next_seq: start.next_seq,
             epoch: start.epoch,
@@ -388,13 +409,13 @@ impl Writer {
     /// Starts the log-writer thread, and lets callers that find it idle run their own op (see
     /// [`Rounds`]).
     pub fn spawn(self) -> std::thread::JoinHandle<()> {
-        let e = self.e.clone();
+        let log = self.e.log.clone();
         let rounds = Arc::new(Rounds {
             writer: Mutex::new(self),
-            e: e.clone(),
+            log: log.clone(),
         });
         let lead: Arc<dyn Lead> = rounds.clone();
-        e.log.set_leader(Arc::downgrade(&lead));
+        log.set_leader(Arc::downgrade(&lead));
         std::thread::Builder::new()
             .name("log-writer".into())
             .spawn(move || rounds.run())
@@ -726,7 +747,7 @@ impl Writer {
         front.extend(self.client_pending.drain(..));
         self.client_pending = front;
         self.client_blocked = true;
-        self.e.wake_reclaim();
+        self.e.reclaim.wake();
     }
 
     fn promotion_still_safe(&self, rec: &Record) -> bool {
@@ -910,8 +931,8 @@ impl Writer {
             }
             let free = st.segs.free_count();
             drop(st);
-            if free <= self.e.reclaim_low_water() {
-                self.e.wake_reclaim();
+            if free <= reclaim_low_water(self.e.geo.segment_count) {
+                self.e.reclaim.wake();
             }
         }
     }
@@ -1027,7 +1048,7 @@ impl Writer {
         if read.is_ok() {
             for (i, (block, want)) in data.chunks_mut(bs).zip(expected).enumerate() {
                 if let Some((lba, crc)) = want {
-                    (self.check_block)(e, lba, first + i as u32, crc, block);
+                    (e.check_block)(lba, first + i as u32, crc, block);
                 }
             }
         }
@@ -1215,9 +1236,16 @@ impl Writer {
     /// Syncs the device and snapshots the state: the first half of a checkpoint.
     fn begin_checkpoint(&mut self, waiters: Vec<Ticket>) -> io::Result<(Job, InFlight)> {
         // The snapshot may only reference records that are durable.
+        let began = Instant::now();
         self.flush_device()?;
+        let synced = Instant::now();
+        Stats::add(&self.e.stats.checkpoint_sync_us, micros(synced - began));
         let number = self.checkpoint_number + 1;
         let mut snap = self.e.state.read().snapshot();
+        Stats::add(
+            &self.e.stats.checkpoint_snapshot_us,
+            micros(synced.elapsed()),
+        );
         let inflight = InFlight {
             number,
             next_seq: self.next_seq,
@@ -1295,7 +1323,9 @@ impl Writer {
                 return Err(e.to_io());
             }
         };
+        let began = Instant::now();
         self.flush_device()?;
+        Stats::add(&self.e.stats.checkpoint_sync_us, micros(began.elapsed()));
         self.checkpoint_number = inflight.number;
         self.checkpointed_seq = inflight.next_seq;
         self.last_checkpoint = Instant::now();
@@ -1336,7 +1366,8 @@ impl Writer {
 /// Encodes a checkpoint straight into the buffer it is written from (one pass over the
 /// snapshot, no intermediate copy) and writes it to its slot, unsynced. Runs on the checkpoint
 /// thread, without the state lock.
-fn write_image(e: &Engine, job: &Job) -> Result<Written, CheckpointError> {
+fn write_image(e: &WriterParts, job: &Job) -> Result<Written, CheckpointError> {
+    let began = Instant::now();
     let geo = e.geo;
     let snap = &job.snap;
     let frame = Frame {
@@ -1375,9 +1406,14 @@ fn write_image(e: &Engine, job: &Job) -> Result<Written, CheckpointError> {
     }
     Stats::add(&e.stats.cache_writes, 1);
     Stats::add(&e.stats.cache_write_bytes, buf.len() as u64);
+    Stats::add(&e.stats.checkpoint_write_us, micros(began.elapsed()));
     Ok(Written {
         entries: frame.entry_count,
     })
+}
+
+fn micros(d: Duration) -> u64 {
+    d.as_micros().try_into().unwrap_or(u64::MAX)
 }
 
 /// True when every queued op is an append nobody waits for.
@@ -1428,7 +1464,19 @@ mod tests {
         };
         format(&*cache, ident.clone(), opts).unwrap();
         let (e, start, _) = open_engine(cache, backing, &ident, None).unwrap();
-        Writer::new(e, &start, crate::integrity::check_block)
+        let parts = WriterParts {
+            cache: e.cache.clone(),
+            geo: e.geo,
+            state: e.state.clone(),
+            log: e.log.clone(),
+            stats: e.stats.clone(),
+            guards: e.guards.clone(),
+            reclaim: e.reclaim.clone(),
+            started: e.started,
+            // Nothing here reads blocks back after a failed sync.
+            check_block: Arc::new(|_, _, _, _| unreachable!("no failed sync")),
+        };
+        Writer::new(parts, &start)
     }
 
     /// A ticket on a thread's waiter of its own, so that several can be outstanding at once.

@@ -44,20 +44,18 @@ pub(crate) fn spawn(e: Arc<Engine>) -> std::thread::JoinHandle<()> {
 fn run(e: &Engine) {
     let mut backoff = FIRST_BACKOFF;
     loop {
+        // Free segments are counted again each second: a write that used one up does not wake
+        // this thread (the log writer does, at the low-water mark).
+        if !e
+            .reclaim
+            .wait_for_work(Duration::from_secs(1), || needs_reclaim(e))
         {
-            let mut ctl = e.reclaim.lock();
-            while !ctl.wake && !ctl.stop && !needs_reclaim(e) {
-                e.reclaim_cv.wait_for(&mut ctl, Duration::from_secs(1));
-            }
-            if ctl.stop {
-                return;
-            }
-            ctl.wake = false;
+            return;
         }
         match reclaim_until_target(e) {
             Ok(()) => backoff = FIRST_BACKOFF,
             Err(err) => {
-                let backing = e.backing_health.is_degraded();
+                let backing = e.backing.health.is_degraded();
                 tracing::warn!(
                     error = %err,
                     retry_in_ms = backoff.as_millis() as u64,
@@ -68,26 +66,13 @@ fn run(e: &Engine) {
                 if backing {
                     Stats::add(&e.stats.writeback_retries, 1);
                 }
-                if !sleep_unless_stopped(e, backoff) {
+                if !e.reclaim.wait(backoff, false) {
                     return;
                 }
                 backoff = (backoff * 2).min(MAX_BACKOFF);
             }
         }
     }
-}
-
-/// Waits `d` (wake-ups do not cut it short: that is what the backoff is for); false if reclaim
-/// was stopped meanwhile.
-fn sleep_unless_stopped(e: &Engine, d: Duration) -> bool {
-    let deadline = std::time::Instant::now() + d;
-    let mut ctl = e.reclaim.lock();
-    while !ctl.stop {
-        if e.reclaim_cv.wait_until(&mut ctl, deadline).timed_out() {
-            return true;
-        }
-    }
-    false
 }
 
 fn needs_reclaim(e: &Engine) -> bool {
@@ -105,7 +90,7 @@ pub(crate) fn reclaim_until_target(e: &Engine) -> io::Result<()> {
     let geo = e.geo;
     let mut copy_budget = geo.segment_count as u64 * geo.blocks_per_segment() as u64 / 2;
     loop {
-        if e.reclaim.lock().stop {
+        if e.reclaim.stopping() {
             // Closing: the final checkpoint and the next start take it from here.
             return Ok(());
         }

@@ -92,6 +92,13 @@ counters! {
     cache_syncs,
     /// Checkpoints written.
     checkpoints,
+    /// Microseconds the log writer spent syncing the cache device for checkpoints (before each
+    /// snapshot and after each image): log rounds wait meanwhile.
+    checkpoint_sync_us,
+    /// Microseconds the log writer spent taking checkpoint snapshots (under the state lock).
+    checkpoint_snapshot_us,
+    /// Microseconds checkpoint threads spent encoding and writing images (beside the log).
+    checkpoint_write_us,
     /// Reads from the backing store.
     backing_reads,
     /// Bytes read from the backing store.

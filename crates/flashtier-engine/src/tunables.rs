@@ -60,21 +60,6 @@ enum Kind {
 struct Param {
     info: ParamInfo,
     kind: Kind,
-    /// Where the value lives when it is the engine's own state rather than a tunable (the
-    /// reclaim policy is also written to the superblock): read and write it there.
-    engine: Option<EngineValue>,
-}
-
-/// Reads and writes a value kept by the engine.
-type EngineValue = (fn(&dyn EngineState) -> u32, fn(&dyn EngineState, u32));
-
-/// The values the engine keeps itself rather than here (implemented by `Engine`): a narrow
-/// handle, so that this module needs neither the engine nor the cache.
-pub(crate) trait EngineState {
-    /// Which segment reclaim empties first.
-    fn reclaim_policy(&self) -> ReclaimPolicy;
-    /// Sets it.
-    fn set_reclaim_policy(&self, policy: ReclaimPolicy);
 }
 
 /// A parameter whose values are words: a type with a code per word.
@@ -172,15 +157,13 @@ macro_rules! param {
                 allowed: concat!($lo, "..=", $hi),
             },
             kind: Kind::Range($lo, $hi),
-            engine: None,
         }
     };
     (
         name: $name:literal,
         choice: $ty:ty [$first:literal $(| $word:literal)*],
         default: $default:literal,
-        doc: $doc:literal
-        $(, engine: $engine:expr)? $(,)?
+        doc: $doc:literal $(,)?
     ) => {
         Param {
             info: ParamInfo {
@@ -193,11 +176,8 @@ macro_rules! param {
                 parse: parse_choice::<$ty>,
                 name: choice_name::<$ty>,
             },
-            engine: param!(@engine $($engine)?),
         }
     };
-    (@engine) => { None };
-    (@engine $engine:expr) => { Some($engine) };
 }
 
 /// Every live parameter, in the order tables show them.
@@ -208,7 +188,6 @@ const DEFS: &[Param] = &[
         default: "lru",
         doc: "Which segment reclaim empties first when the cache is full: fifo (the oldest) or lru \
               (the least recently read; blocks read since they were cached are copied forward).",
-        engine: (engine_reclaim_policy, set_engine_reclaim_policy),
     },
     param! {
         name: "sequential_cutoff_read_kib",
@@ -333,14 +312,6 @@ const DEFS: &[Param] = &[
     },
 ];
 
-fn engine_reclaim_policy(engine: &dyn EngineState) -> u32 {
-    engine.reclaim_policy().code()
-}
-
-fn set_engine_reclaim_policy(engine: &dyn EngineState, code: u32) {
-    engine.set_reclaim_policy(ReclaimPolicy::from_code(code).unwrap_or_default());
-}
-
 const COUNT: usize = DEFS.len();
 
 const fn infos() -> [ParamInfo; COUNT] {
@@ -375,6 +346,7 @@ const fn index(name: &str) -> usize {
     panic!("no such parameter")
 }
 
+const RECLAIM_POLICY: usize = index("reclaim_policy");
 const CUTOFF_READ_KIB: usize = index("sequential_cutoff_read_kib");
 const CUTOFF_WRITE_KIB: usize = index("sequential_cutoff_write_kib");
 const PROMOTION: usize = index("promotion");
@@ -544,8 +516,9 @@ fn show(index: usize, code: u32) -> String {
     }
 }
 
-/// The live values the I/O paths read, one per parameter in table order (the reclaim
-/// policy's slot is unused: it lives with the engine's other state).
+/// The live values the I/O paths read, one per parameter in table order: the one place each is
+/// kept (the superblock records the reclaim policy a cache reopens with, copied from here when
+/// it is closed).
 pub(crate) struct Tunables {
     values: [AtomicU32; COUNT],
     /// Held while a set of values is checked against the current ones and applied, so two
@@ -563,8 +536,20 @@ impl Default for Tunables {
 }
 
 impl Tunables {
+    /// The defaults, with the reclaim policy the cache was formatted or last closed with.
+    pub(crate) fn opened_with(reclaim: ReclaimPolicy) -> Tunables {
+        let t = Tunables::default();
+        t.values[RECLAIM_POLICY].store(reclaim.code(), Ordering::Relaxed);
+        t
+    }
+
     fn get(&self, index: usize) -> u32 {
         self.values[index].load(Ordering::Relaxed)
+    }
+
+    /// Which segment reclaim empties first.
+    pub fn reclaim_policy(&self) -> ReclaimPolicy {
+        ReclaimPolicy::from_code(self.get(RECLAIM_POLICY)).unwrap_or_default()
     }
 
     /// Bytes a read stream may run before its misses stop being promoted; `None` = off.
@@ -648,40 +633,24 @@ fn kib_to_bytes(kib: u32) -> Option<u64> {
 }
 
 /// Reading and changing the values in force, for `Cache`'s `get_param`, `set_params`,
-/// `check_params` and `params`. `engine` keeps the values that are its own.
+/// `check_params` and `params`.
 impl Tunables {
     /// The current value of `name`, formatted as `set_param` accepts it.
-    pub(crate) fn value_of(
-        &self,
-        engine: &dyn EngineState,
-        name: &str,
-    ) -> Result<String, ParamError> {
+    pub(crate) fn value_of(&self, name: &str) -> Result<String, ParamError> {
         let i = position(name)?;
-        Ok(show(i, self.code_of(engine, i)))
-    }
-
-    /// The stored form of parameter `i` as set (the low watermark as stored, not as in effect).
-    fn code_of(&self, engine: &dyn EngineState, i: usize) -> u32 {
-        match DEFS[i].engine {
-            Some((get, _)) => get(engine),
-            None => self.get(i),
-        }
+        Ok(show(i, self.get(i)))
     }
 
     /// Checks `settings` (later entries win) against each other and the current values, and
     /// applies all of them or none. Returns the names changed.
     pub(crate) fn set_all<N: AsRef<str>, V: AsRef<str>>(
         &self,
-        engine: &dyn EngineState,
         settings: &[(N, V)],
     ) -> Result<Vec<&'static str>, ParamError> {
         let _changing = self.changing.lock();
-        let parsed = self.parse_checked(engine, settings)?;
+        let parsed = self.parse_checked(settings)?;
         for s in &parsed {
-            match DEFS[s.index].engine {
-                Some((_, set)) => set(engine, s.code),
-                None => self.apply(*s),
-            }
+            self.apply(*s);
             let (name, value) = (s.name(), show(s.index, s.code));
             tracing::info!(name, value, "parameter changed");
         }
@@ -691,28 +660,26 @@ impl Tunables {
     /// What [`Tunables::set_all`] would say, without changing anything.
     pub(crate) fn check_all<N: AsRef<str>, V: AsRef<str>>(
         &self,
-        engine: &dyn EngineState,
         settings: &[(N, V)],
     ) -> Result<(), ParamError> {
-        self.parse_checked(engine, settings).map(drop)
+        self.parse_checked(settings).map(drop)
     }
 
     fn parse_checked<N: AsRef<str>, V: AsRef<str>>(
         &self,
-        engine: &dyn EngineState,
         settings: &[(N, V)],
     ) -> Result<Vec<Setting>, ParamError> {
         let parsed = parse_all(settings)?;
-        check_order(&parsed, |i| self.code_of(engine, i), "the current value")?;
+        check_order(&parsed, |i| self.get(i), "the current value")?;
         Ok(parsed)
     }
 
     /// Every parameter with its current value.
-    pub(crate) fn values(&self, engine: &dyn EngineState) -> Vec<(&'static ParamInfo, String)> {
+    pub(crate) fn values(&self) -> Vec<(&'static ParamInfo, String)> {
         PARAMS
             .iter()
             .enumerate()
-            .map(|(i, p)| (p, show(i, self.code_of(engine, i))))
+            .map(|(i, p)| (p, show(i, self.get(i))))
             .collect()
     }
 }

@@ -5,6 +5,7 @@
 //! The cache device here parks the first write to the checkpoint area until the test lets it
 //! go, a checkpoint write that takes as long as the test wants; writes and a FLUSH must complete
 //! meanwhile, and everything must be there after the checkpoint finished and the cache reopened.
+//! Its syncs take `SYNC_TIME`, and the checkpoint counters must have timed both.
 
 mod common;
 
@@ -25,7 +26,10 @@ struct Parking {
     released: bool,
 }
 
-/// Forwards to `inner`, but once armed, the first write overlapping `area` waits (before it
+/// How long every sync of the cache device takes here.
+const SYNC_TIME: Duration = Duration::from_millis(1);
+
+/// Forwards to `inner` (each sync taking `SYNC_TIME`), but once armed, the first write overlapping `area` waits (before it
 /// reaches `inner`) until released.
 struct SlowCheckpoints {
     inner: Arc<dyn BlockDev>,
@@ -87,6 +91,7 @@ impl BlockDev for SlowCheckpoints {
         self.inner.write_vectored_at(b, o)
     }
     fn flush(&self) -> io::Result<()> {
+        std::thread::sleep(SYNC_TIME);
         self.inner.flush()
     }
     fn trim(&self, o: u64, l: u64) -> io::Result<()> {
@@ -145,6 +150,7 @@ fn writes_and_flushes_go_on_while_a_checkpoint_is_written() {
         assert!(seed < 100_000, "no checkpoint was written");
         write_next(&mut seed);
     }
+    let parked_at = std::time::Instant::now();
     let checkpoints = c.stats().checkpoints;
     // The checkpoint write is parked: writes and a FLUSH must not wait for it.
     for _ in 0..64 {
@@ -162,6 +168,7 @@ fn writes_and_flushes_go_on_while_a_checkpoint_is_written() {
         checkpoints,
         "the checkpoint counted before it was written"
     );
+    let parked_for = parked_at.elapsed();
     slow.release();
     let deadline = std::time::Instant::now() + limit;
     while c.stats().checkpoints == checkpoints {
@@ -171,6 +178,20 @@ fn writes_and_flushes_go_on_while_a_checkpoint_is_written() {
         );
         std::thread::sleep(Duration::from_millis(5));
     }
+    // Timed: the image's write (at least while it was parked), and two syncs per checkpoint.
+    let s = c.stats();
+    assert!(
+        s.checkpoint_write_us >= parked_for.as_micros() as u64,
+        "checkpoint writes timed at {} µs, but one was parked for {parked_for:?}",
+        s.checkpoint_write_us
+    );
+    let sync_us = SYNC_TIME.as_micros() as u64;
+    assert!(
+        s.checkpoint_sync_us >= 2 * sync_us * s.checkpoints,
+        "{} checkpoints' syncs timed at {} µs, each sync taking {sync_us} µs",
+        s.checkpoints,
+        s.checkpoint_sync_us
+    );
     assert!(read_all(&*c).unwrap() == expected);
     // A crash after a FLUSH (no clean close): recovery starts from the background checkpoint
     // and replays what was written during and after it. The cache device's image first: the

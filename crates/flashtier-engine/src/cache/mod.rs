@@ -48,7 +48,7 @@ use flashtier_io::{check_range, AlignedBuf, BlockDev, DevInfo, Extent, ZeroOpts}
 use crate::cleaner;
 use crate::engine::{self, Engine, OpenReport};
 use crate::layout::superblock::BackingIdentity;
-use crate::log_writer::Writer;
+use crate::log_writer::{Writer, WriterParts};
 use crate::policy::{Mode, ReclaimPolicy};
 use crate::stats::{Stats, StatsSnapshot};
 use crate::EngineError;
@@ -150,6 +150,25 @@ struct Threads {
     cleaner: Option<JoinHandle<()>>,
 }
 
+/// The log writer's handles on the engine's components. A block it reads back after a failed
+/// sync is checked as any cache read is (`integrity`), against this engine.
+fn writer_parts(e: &Arc<Engine>) -> WriterParts {
+    let engine = e.clone();
+    WriterParts {
+        cache: e.cache.clone(),
+        geo: e.geo,
+        state: e.state.clone(),
+        log: e.log.clone(),
+        stats: e.stats.clone(),
+        guards: e.guards.clone(),
+        reclaim: e.reclaim.clone(),
+        started: e.started,
+        check_block: Arc::new(move |lba, slot, crc, block| {
+            crate::integrity::check_block(&engine, lba, slot, crc, block)
+        }),
+    }
+}
+
 impl Cache {
     /// Opens (recovering if needed) the cache on `cache` for `backing`. With `mode`, overrides
     /// the mode stored on the device; a mode that keeps no dirty data writes all dirty blocks
@@ -161,8 +180,7 @@ impl Cache {
         mode: Option<Mode>,
     ) -> Result<Cache, EngineError> {
         let (e, start, report) = engine::open_engine(cache, backing.clone(), identity, mode)?;
-        let writer = Writer::new(e.clone(), &start, crate::integrity::check_block);
-        let writer = writer.spawn();
+        let writer = Writer::new(writer_parts(&e), &start).spawn();
         let reclaimer = crate::reclaim::spawn(e.clone());
         let cleaner = crate::writeback::spawn(e.clone());
         let info = DevInfo {
@@ -231,11 +249,6 @@ impl Cache {
         Ok(())
     }
 
-    /// Changes which segment reclaim empties first, from the next reclaim on.
-    pub fn set_reclaim_policy(&self, policy: ReclaimPolicy) {
-        self.e.set_reclaim_policy(policy);
-    }
-
     /// Writes every dirty block back to the backing store; returns how many.
     pub fn write_back_all(&self) -> io::Result<u64> {
         cleaner::write_back_all(&self.e, None)
@@ -282,7 +295,7 @@ impl Cache {
             atomic_write_bytes: self.e.atomic_bytes,
             failed: self.e.log.failed(),
             cache_failure: self.e.log.failure(),
-            backing_degraded: self.e.backing_health.reason(),
+            backing_degraded: self.e.backing.health.reason(),
             writeback: self.e.writeback.status.lock().clone(),
             lost_blocks: st.lost.blocks(),
             integrity: integrity_reason(&st.lost, &self.e.recovery_damage),
@@ -365,11 +378,7 @@ impl Cache {
         if let Some(c) = threads.cleaner.take() {
             let _ = c.join();
         }
-        {
-            let mut ctl = self.e.reclaim.lock();
-            ctl.stop = true;
-        }
-        self.e.reclaim_cv.notify_all();
+        self.e.reclaim.stop();
         if let Some(r) = threads.reclaimer.take() {
             let _ = r.join();
         }
@@ -407,17 +416,17 @@ impl Cache {
     /// writes this one promises, is still running.
     pub(super) fn flush_backing_if_written(&self) -> io::Result<()> {
         let e = &*self.e;
-        let _turn = e.backing_flush_turn.lock();
-        if !e.backing_unflushed.swap(false, Ordering::AcqRel) {
+        let _turn = e.backing.flush_turn.lock();
+        if !e.backing.unflushed.swap(false, Ordering::AcqRel) {
             return Ok(());
         }
-        let (blocks, generations) = std::mem::take(&mut *e.unflushed_write_through.lock());
-        let fg = e.foreground.begin();
+        let (blocks, generations) = std::mem::take(&mut *e.backing.unflushed_write_through.lock());
+        let fg = e.backing.foreground.begin();
         let flushed = engine::flush_backing(e);
         drop(fg);
         if let Err(err) = flushed {
-            e.backing_unflushed.store(true, Ordering::Release);
-            let mut pending = e.unflushed_write_through.lock();
+            e.backing.unflushed.store(true, Ordering::Release);
+            let mut pending = e.backing.unflushed_write_through.lock();
             pending.0.extend(blocks);
             pending.1.extend(generations);
             return Err(err);
@@ -448,7 +457,7 @@ impl BlockDev for Cache {
     fn describe(&self) -> String {
         format!(
             "{} cached on {} ({})",
-            self.e.backing.describe(),
+            self.e.backing.dev.describe(),
             self.e.cache.describe(),
             self.mode()
         )

@@ -9,7 +9,7 @@ impl Cache {
     /// The current value of `name`, formatted as `set_param` accepts it.
     pub fn get_param(&self, name: &str) -> Result<String, ParamError> {
         let e = self.engine();
-        e.tunables.value_of(e, name)
+        e.tunables.value_of(name)
     }
 
     /// Checks and applies `value` to `name`; it takes effect from the next request.
@@ -24,7 +24,7 @@ impl Cache {
         settings: &[(N, V)],
     ) -> Result<(), ParamError> {
         let e = self.engine();
-        let changed = e.tunables.set_all(e, settings)?;
+        let changed = e.tunables.set_all(settings)?;
         if changed.iter().any(|name| name.starts_with("writeback_")) {
             // The cleaner re-plans at once (a new target, rate or watermark).
             e.writeback.wake();
@@ -38,12 +38,12 @@ impl Cache {
         settings: &[(N, V)],
     ) -> Result<(), ParamError> {
         let e = self.engine();
-        e.tunables.check_all(e, settings)
+        e.tunables.check_all(settings)
     }
 
     /// Every parameter with its current value.
     pub fn params(&self) -> Vec<(&'static ParamInfo, String)> {
         let e = self.engine();
-        e.tunables.values(e)
+        e.tunables.values()
     }
 }

@@ -1,6 +1,6 @@
 //! The backing store, directly: pass-through reads and the uncached tail, and the backing writes
 //! of every mode that writes there (write-through, write-around, pass-through), each holding its
-//! blocks in `Engine::backing_ranges` so that no cleaning pass lands an older version over it,
+//! blocks in `Backing::ranges` so that no cleaning pass lands an older version over it,
 //! and no read of the backing store sees one of them half landed.
 
 use std::io;
@@ -43,12 +43,13 @@ impl Cache {
         let bs = self.block_size();
         let first = offset / bs;
         let end = (offset + buf.len() as u64).div_ceil(bs);
-        let _reading = e.backing_ranges.lock(first, end - first, Hold::Reading);
-        let _fg = e.foreground.begin();
+        let _reading = e.backing.ranges.lock(first, end - first, Hold::Reading);
+        let _fg = e.backing.foreground.begin();
         e.backing
+            .dev
             .read_at(buf, offset)
             .inspect_err(|err| e.backing_failed(BackingOp::Read, err))?;
-        e.backing_health.read_succeeded();
+        e.backing.health.read_succeeded();
         Ok(())
     }
 
@@ -65,13 +66,14 @@ impl Cache {
         self.backing_write_held(&held, buf, offset, fua, busy)
     }
 
-    /// Holds the blocks under `offset..offset + len` in `backing_ranges` (shared): no cleaning
+    /// Holds the blocks under `offset..offset + len` in `Backing::ranges` (shared): no cleaning
     /// pass writes an older version of them back meanwhile.
     pub(super) fn hold_for_backing(&self, offset: u64, len: u64) -> RangeGuard<'_> {
         let bs = self.block_size();
         let first = offset / bs;
         self.e
-            .backing_ranges
+            .backing
+            .ranges
             .lock(first, (offset + len).div_ceil(bs) - first, Hold::Shared)
     }
 
@@ -86,8 +88,8 @@ impl Cache {
     ) -> io::Result<()> {
         let e = &*self.e;
         let written = {
-            let _fg = e.foreground.begin();
-            e.backing.write_at(buf, offset, fua)
+            let _fg = e.backing.foreground.begin();
+            e.backing.dev.write_at(buf, offset, fua)
         };
         self.backing_written(written, fua, busy)?;
         Stats::add(&e.stats.backing_writes, 1);
@@ -107,8 +109,8 @@ impl Cache {
     ) -> io::Result<()> {
         let e = &*self.e;
         let written = {
-            let _fg = e.foreground.begin();
-            e.backing.write_zeroes(offset, len, opts)
+            let _fg = e.backing.foreground.begin();
+            e.backing.dev.write_zeroes(offset, len, opts)
         };
         self.backing_written(written, opts.fua, busy)
     }
@@ -123,9 +125,9 @@ impl Cache {
     ) -> io::Result<()> {
         let e = &*self.e;
         written.inspect_err(|err| e.backing_failed(BackingOp::Write, err))?;
-        e.backing_health.write_succeeded();
+        e.backing.health.write_succeeded();
         if !fua {
-            e.backing_unflushed.store(true, Ordering::Release);
+            e.backing.unflushed.store(true, Ordering::Release);
             if let Some(busy) = busy {
                 busy.written_unflushed();
             }

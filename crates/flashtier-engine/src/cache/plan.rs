@@ -74,7 +74,9 @@ impl Cache {
             // A failed log takes no records; the read is still served from what is cached.
             _ if e.log.failed() => Promote::Never,
             _ if prefetch => Promote::All,
-            Some(cutoff) if e.read_streams.observe(offset, len) > cutoff => Promote::Sequential,
+            Some(cutoff) if e.history.read_streams.observe(offset, len) > cutoff => {
+                Promote::Sequential
+            }
             _ => Promote::Admitted,
         };
         ReadPlan::Cached(promote)
@@ -88,7 +90,7 @@ impl Cache {
         matches!(self.mode(), Mode::WriteBack | Mode::WriteThrough)
             && e.tunables
                 .sequential_cutoff_write_bytes()
-                .is_some_and(|cutoff| e.write_streams.observe(offset, len) > cutoff)
+                .is_some_and(|cutoff| e.history.write_streams.observe(offset, len) > cutoff)
     }
 
     /// The plan of a write that `past_cutoff` says continues a stream past the cutoff. The

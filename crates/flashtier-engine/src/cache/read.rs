@@ -29,7 +29,7 @@ pub(super) fn first_lost(st: &crate::state::State, first: u64, n: u64) -> Option
 /// How far a pass over a read's blocks got.
 pub(super) enum Pass {
     Done,
-    /// A miss met a write of its blocks landing on the backing store (`backing_ranges`): wait
+    /// A miss met a write of its blocks landing on the backing store (`Backing::ranges`): wait
     /// for it with no segment pinned, then read again.
     Busy {
         lba: u64,
@@ -94,7 +94,7 @@ impl Cache {
                 // write maps its blocks before it writes the backing store, so they are hits now.
                 Pass::Busy { lba, n } => {
                     Stats::add(&self.e.stats.read_miss_waits, 1);
-                    drop(self.e.backing_ranges.lock(lba, n, Hold::Reading));
+                    drop(self.e.backing.ranges.lock(lba, n, Hold::Reading));
                 }
             }
         }
@@ -247,15 +247,16 @@ impl Cache {
         let e = &*self.e;
         let bs = self.block_size();
         {
-            let Some(_reading) = e.backing_ranges.try_lock(lba, n, Hold::Reading) else {
+            let Some(_reading) = e.backing.ranges.try_lock(lba, n, Hold::Reading) else {
                 return Ok(Pass::Busy { lba, n });
             };
-            let _fg = e.foreground.begin();
+            let _fg = e.backing.foreground.begin();
             e.backing
+                .dev
                 .read_at(buf, lba * bs)
                 .inspect_err(|err| e.backing_failed(BackingOp::Read, err))?;
         }
-        e.backing_health.read_succeeded();
+        e.backing.health.read_succeeded();
         Stats::add(&e.stats.backing_reads, 1);
         Stats::add(&e.stats.backing_read_bytes, buf.len() as u64);
         Stats::add(&e.stats.read_miss_blocks, n);
@@ -283,7 +284,7 @@ impl Cache {
             return;
         }
         // n-hit: promote the runs of blocks that reached their nth recent miss.
-        let (table, now) = (e.miss_table(), e.now_secs());
+        let (table, now) = (e.history.misses(), e.now_secs());
         let (nhit, window) = (
             e.tunables.promotion_nhit(),
             e.tunables.promotion_window_secs(),

@@ -78,7 +78,7 @@ impl Cache {
     /// block `lba`. `invalidated` runs once the INVALIDATEs are applied, before they are synced;
     /// what it returns is kept until the backing writes are done.
     ///
-    /// The blocks are held in `backing_ranges` from the INVALIDATEs on, not just for the backing
+    /// The blocks are held in `Backing::ranges` from the INVALIDATEs on, not just for the backing
     /// writes: a write-back write that lands in the cache on these blocks after the INVALIDATE is
     /// newer than this one, and a cleaning pass must not write it back and mark it clean before
     /// this write reaches the backing store under it. (Not before the INVALIDATEs: appending may

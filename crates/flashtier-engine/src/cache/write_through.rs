@@ -27,7 +27,7 @@ impl Cache {
         if fua {
             cleaner::mark_clean(e, &blocks.0, &blocks.1);
         } else {
-            let mut pending = e.unflushed_write_through.lock();
+            let mut pending = e.backing.unflushed_write_through.lock();
             pending.0.extend(blocks.0);
             pending.1.extend(blocks.1);
         }

@@ -42,10 +42,11 @@ impl Cache {
         let mut busy = e.guards.busy(first, last - first);
         self.invalidate(first, last - first)?;
         let _held = self.hold_for_backing(offset, len);
-        e.backing_unflushed.store(true, Ordering::Release);
+        e.backing.unflushed.store(true, Ordering::Release);
         busy.written_unflushed();
-        let _fg = e.foreground.begin();
+        let _fg = e.backing.foreground.begin();
         e.backing
+            .dev
             .trim(offset, len)
             .inspect_err(|err| e.backing_failed(BackingOp::Trim, err))
     }

@@ -7,3 +7,37 @@ pub mod sequential;
 
 pub use mode::{Mode, ReclaimPolicy};
 pub use promotion::PromotionPolicy;
+
+use std::sync::OnceLock;
+
+use admission::MissTable;
+use sequential::StreamDetector;
+
+/// What the request plan remembers between requests: the recent read and write streams, for
+/// the sequential cutoffs, and the recent read misses per block, for n-hit promotion.
+pub(crate) struct RequestHistory {
+    pub(crate) read_streams: StreamDetector,
+    pub(crate) write_streams: StreamDetector,
+    /// Allocated when n-hit promotion is first used (RAM is spent only then).
+    misses: OnceLock<MissTable>,
+    /// Entries of the miss table, sized for the cache.
+    miss_entries: usize,
+}
+
+impl RequestHistory {
+    /// For a cache of `slots` blocks.
+    pub(crate) fn new(slots: u64) -> RequestHistory {
+        RequestHistory {
+            read_streams: StreamDetector::default(),
+            write_streams: StreamDetector::default(),
+            misses: OnceLock::new(),
+            miss_entries: admission::entries_for_cache(slots),
+        }
+    }
+
+    /// The n-hit miss table.
+    pub(crate) fn misses(&self) -> &MissTable {
+        self.misses
+            .get_or_init(|| MissTable::with_capacity(self.miss_entries))
+    }
+}

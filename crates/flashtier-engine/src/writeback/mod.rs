@@ -33,7 +33,7 @@
 //! neighbours included.
 //!
 //! Clients keep priority: the I/O paths count their backing requests in flight
-//! ([`Foreground`]); while there are any, a background pass below the high watermark keeps one
+//! ([`Foreground`](crate::backing::Foreground)); while there are any, a background pass below the high watermark keeps one
 //! write in flight. The time of the last one drives the idle delay.
 //!
 //! Failures: a failed pass is retried after a backoff like reclaim's (100 ms doubling to 5 s,
@@ -236,7 +236,7 @@ impl Cleaner {
         }
         self.draining = false;
         if let Some(delay) = t.writeback_idle_delay_ms() {
-            if e.foreground.idle_ms() >= delay as u64 {
+            if e.backing.foreground.idle_ms() >= delay as u64 {
                 return Plan::Pass {
                     state: WritebackState::BackingIdle,
                     rate: cap,
@@ -309,7 +309,7 @@ impl Cleaner {
         };
         let budget_blocks = (budget / bs).min(limit.unwrap_or(u64::MAX)).max(1) as usize;
         let pass_io = PassIo {
-            inflight: if yield_to_foreground && e.foreground.busy() {
+            inflight: if yield_to_foreground && e.backing.foreground.busy() {
                 1
             } else {
                 inflight
@@ -348,7 +348,7 @@ impl Cleaner {
                 (n == 0).then_some(TICK)
             }
             Err(err) => {
-                let backing = e.backing_health.is_degraded();
+                let backing = e.backing.health.is_degraded();
                 tracing::warn!(
                     error = %err,
                     retry_in_ms = self.backoff.as_millis() as u64,
