@@ -525,6 +525,14 @@ def flashtier_serve(binary: Path, backing: str, socket: Path, log: Path, extra=(
                   ready_line="listening on")
 
 
+def format_no_probe(binary: Path):
+    """`--no-probe` for a binary whose `format` has it (builds before the probe have neither).
+    The quick device probe (2 s of I/O on the cache's filesystem) would only add noise before a
+    measurement; `flashtier probe` measures the device on its own."""
+    out = subprocess.run([str(binary), "format", "--help"], capture_output=True, text=True).stdout
+    return ["--no-probe"] if "--no-probe" in out else []
+
+
 def flashtier_format(binary: Path, cache: Path, backing: str, size: int, prefill=True, segment_size=None,
                      extra=()):
     """Formats `cache` for `backing`. With `prefill` the cache file is first written in full with
@@ -540,9 +548,7 @@ def flashtier_format(binary: Path, cache: Path, backing: str, size: int, prefill
         argv = [str(binary), "format", "--cache", str(cache), "--backing", backing, "--size", str(size)]
     if segment_size:
         argv += ["--segment-size", str(segment_size)]
-    # The quick device probe (2 s of I/O on the cache's filesystem) would only add noise before a
-    # measurement; `flashtier probe` measures the device on its own.
-    argv += ["--no-probe"]
+    argv += format_no_probe(binary)
     argv += list(extra)
     out = subprocess.run(argv, capture_output=True, text=True)
     if out.returncode != 0:

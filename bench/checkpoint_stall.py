@@ -100,7 +100,8 @@ def run_one(args, binary, work, label):
     try:
         loop = subprocess.run(["losetup", "--find", "--show", "--direct-io=on", str(cache)], capture_output=True, text=True,
                               check=True).stdout.strip()
-        argv = [str(binary), "format", "--cache", loop, "--backing", str(backing), "--force", "--no-probe"]
+        argv = [str(binary), "format", "--cache", loop, "--backing", str(backing), "--force",
+                *bl.format_no_probe(binary)]
         done = subprocess.run(argv, capture_output=True, text=True)
         if done.returncode != 0:
             sys.exit(f"flashtier format failed: {' '.join(argv)}\n{done.stdout}{done.stderr}")
