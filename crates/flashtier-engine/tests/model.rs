@@ -973,18 +973,18 @@ fn reclaim_now_races_writers_and_background_reclaim() {
     let bdev = Arc::new(CrashDev::new((BLOCKS * BS) as usize));
     format_small(&*cdev, BLOCKS * BS, Mode::WriteBack);
     let c = Arc::new(open(cdev, bdev, None).unwrap());
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let stop = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicU64::new(0));
     let reclaimers: Vec<_> = (0..2)
         .map(|_| {
-            let (c, stop) = (c.clone(), stop.clone());
+            let (c, stop, calls) = (c.clone(), stop.clone(), calls.clone());
             std::thread::spawn(move || {
-                let mut calls = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                while !stop.load(Ordering::Relaxed) {
                     c.reclaim_now().unwrap();
-                    calls += 1;
+                    calls.fetch_add(1, Ordering::Relaxed);
                     std::thread::sleep(std::time::Duration::from_micros(100));
                 }
-                calls
             })
         })
         .collect();
@@ -995,7 +995,18 @@ fn reclaim_now_races_writers_and_background_reclaim() {
         out[8..12].copy_from_slice(&v.to_le_bytes());
     };
     let mut r = common::Rng::new(0x4EC1);
-    for _ in 0..4000 {
+    // At least 4000 writes, and on until the reclaimers have raced them a few times: on a busy
+    // machine their threads may get few turns while the writes run (1 run in 4 under two
+    // spinning threads called reclaim_now fewer than 10 times in 4000 writes).
+    let began = std::time::Instant::now();
+    let mut writes = 0;
+    while writes < 4000 || calls.load(Ordering::Relaxed) <= 10 {
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(120),
+            "reclaim_now ran only {} times in 120 s of writes",
+            calls.load(Ordering::Relaxed)
+        );
+        writes += 1;
         let n = r.range(1, 8);
         let lba = r.below(BLOCKS - n + 1);
         let mut buf = vec![0u8; (n * BS) as usize];
@@ -1006,9 +1017,10 @@ fn reclaim_now_races_writers_and_background_reclaim() {
         }
         c.write_at(&buf, lba * BS, r.chance(0.05)).unwrap();
     }
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let calls: u64 = reclaimers.into_iter().map(|h| h.join().unwrap()).sum();
-    assert!(calls > 10, "reclaim_now ran only {calls} times");
+    stop.store(true, Ordering::Relaxed);
+    for h in reclaimers {
+        h.join().unwrap();
+    }
     let check = |c: &Cache, what: &str| {
         let all = read_all(c).unwrap();
         for l in 0..BLOCKS {
