@@ -5,9 +5,8 @@
 //! What is here is state and the locks on it; the paths that use them are the cache's (bypass
 //! writes, read misses, FLUSH) and the cleaner's (write-back passes).
 //!
-//! Lock order: a client write takes `Engine::writes` first (see `range_lock`), then `ranges`
-//! here; `flush_turn` before `unflushed_write_through`; no thread waits for a range while it
-//! holds `flush_turn`.
+//! Where `ranges` and `flush_turn` stand among the engine's locks is in ARCHITECTURE.md's one
+//! lock-order list.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;

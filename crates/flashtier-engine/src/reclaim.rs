@@ -44,8 +44,8 @@ pub(crate) fn spawn(e: Arc<Engine>) -> std::thread::JoinHandle<()> {
 fn run(e: &Engine) {
     let mut backoff = FIRST_BACKOFF;
     loop {
-        // Free segments are counted again each second: a write that used one up does not wake
-        // this thread (the log writer does, at the low-water mark).
+        // The log writer wakes this thread when free segments reach the low-water mark; they
+        // are also counted every second.
         if !e
             .reclaim
             .wait_for_work(Duration::from_secs(1), || needs_reclaim(e))
