@@ -77,6 +77,47 @@ pub fn send_nonblocking(fd: BorrowedFd<'_>, buf: &[u8]) -> io::Result<usize> {
     Ok(n as usize)
 }
 
+/// Lowers the calling thread's CPU priority to at least nice value `nice` (`setpriority(2)` on
+/// the thread's id: on Linux the nice value is per thread); a thread already nicer is left as it
+/// is, so this never raises a priority. For background work that must not take a CPU from client
+/// I/O on a small machine but must still progress when the CPUs are busy, which a nice value
+/// (unlike `SCHED_IDLE`) guarantees. Returns the nice value the thread runs at.
+pub fn lower_thread_priority(nice: i32) -> io::Result<i32> {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    let tid = unsafe { libc::gettid() } as libc::id_t;
+    let now = thread_nice(tid)?;
+    if now >= nice {
+        return Ok(now);
+    }
+    // SAFETY: setpriority takes plain integers and touches no memory of ours.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(nice)
+}
+
+/// The nice value of thread `tid`. getpriority may return -1 as a value, so errors are told apart
+/// by errno, cleared before the call.
+fn thread_nice(tid: libc::id_t) -> io::Result<i32> {
+    // SAFETY: errno is thread-local; the pointer is valid for this thread's whole life.
+    unsafe { *libc::__errno_location() = 0 };
+    // SAFETY: getpriority takes plain integers and touches no memory of ours.
+    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) };
+    if nice == -1 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(0) {
+            return Err(e);
+        }
+    }
+    Ok(nice)
+}
+
+/// The calling thread's nice value.
+pub fn current_thread_nice() -> io::Result<i32> {
+    // SAFETY: gettid takes no arguments and cannot fail.
+    thread_nice(unsafe { libc::gettid() } as libc::id_t)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -111,5 +152,25 @@ mod tests {
         assert_eq!(got, b"bye\n");
         let e = send_nonblocking(a.as_fd(), b"more").unwrap_err();
         assert_eq!(e.raw_os_error(), Some(libc::EPIPE));
+    }
+
+    #[test]
+    fn a_lowered_priority_is_this_threads_alone_and_never_raised() {
+        let ours = current_thread_nice().unwrap();
+        let wanted = (ours + 3).min(19);
+        let (set, theirs, again) = std::thread::spawn(move || {
+            let set = lower_thread_priority(wanted).unwrap();
+            // Asking for a higher priority than the thread has leaves it where it is.
+            let again = lower_thread_priority(wanted - 2).unwrap();
+            (set, current_thread_nice().unwrap(), again)
+        })
+        .join()
+        .unwrap();
+        assert_eq!((set, theirs, again), (wanted, wanted, wanted));
+        assert_eq!(
+            current_thread_nice().unwrap(),
+            ours,
+            "the caller's priority changed too"
+        );
     }
 }
