@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::controller::{Attached, ParamRow};
 use crate::protocol::{NameValue, Request, Response, Setting};
 use crate::report::Report;
+use crate::trace::TraceStatus;
 
 /// A reply taking longer than this means the server is stuck; say so instead of hanging.
 const TIMEOUT: Duration = Duration::from_secs(60);
@@ -224,6 +225,18 @@ impl Client {
     /// Asks the running scrub to stop.
     pub fn scrub_cancel(&mut self) -> Result<(), ClientError> {
         self.call(&Request::ScrubCancel).map(drop)
+    }
+
+    /// Starts a trace of the clients' requests into a new file at `path` (absolute).
+    pub fn trace_start(&mut self, path: &str) -> Result<TraceStatus, ClientError> {
+        self.call_as(&Request::TraceStart {
+            path: path.to_string(),
+        })
+    }
+
+    /// Stops the trace; returns what it recorded.
+    pub fn trace_stop(&mut self) -> Result<TraceStatus, ClientError> {
+        self.call_as(&Request::TraceStop)
     }
 
     /// Forgets lost blocks (all, or those bytes `offset`.. `length` touch); returns how many.

@@ -78,6 +78,8 @@ pub struct ServeConfig {
     pub metrics_listen: Option<String>,
     /// The stats file's path (default: `stats` in the run directory).
     pub stats_file: Option<String>,
+    /// Record every client request into a new trace file at this path from the start.
+    pub trace: Option<String>,
     /// The cache device's rated endurance in TB written, for the wear forecast.
     pub endurance_tbw: Option<f64>,
 }
@@ -595,6 +597,20 @@ pub const SERVE_KEYS: &[KeyInfo] = &[
         kind: TEXT,
         example: Example::Commented("\"/run/flashtier/stats\""),
         access: field!(stats_file),
+    },
+    KeyInfo {
+        name: "trace",
+        doc: "Record every client request (time, op, offset, length) into a new trace file at \
+              this path from the start, to summarise (`flashtier trace show`) or replay \
+              with fio (`flashtier trace to-fio`). The file must not exist. `flashtier trace \
+              stop` ends it; it is closed on exit. 24 bytes per request.",
+        default: "off",
+        default_is_value: false,
+        allowed: "a path to a file that does not exist",
+        value_name: "FILE",
+        kind: TEXT,
+        example: Example::Commented("\"/var/lib/flashtier/db.trace\""),
+        access: field!(trace),
     },
     KeyInfo {
         name: "endurance_tbw",
@@ -1205,6 +1221,7 @@ shutdown_grace = 0
 control_socket = "/run/flashtier/control.sock"
 metrics_listen = ":9633"
 stats_file = "/run/flashtier/stats"
+trace = "/var/lib/flashtier/db.trace"
 endurance_tbw = 600
 
 [policy]
@@ -1251,6 +1268,7 @@ writeback_max_io_kib = 512
             control_socket: Some("/run/flashtier/control.sock".into()),
             metrics_listen: Some(":9633".into()),
             stats_file: Some("/run/flashtier/stats".into()),
+            trace: Some("/var/lib/flashtier/db.trace".into()),
             endurance_tbw: Some(600.0),
         };
         assert_eq!(c.serve, expected);

@@ -31,6 +31,7 @@ use crate::report::{
 use crate::scrub_job::{ScrubError, Scrubber};
 use crate::switch::Switchable;
 use crate::timed::{Latencies, Op};
+use crate::trace::{TraceStartError, TraceStatus, Tracer};
 use crate::windows::{Counters, Sampler, TOTAL};
 
 /// Writes settings (`(name, value)`, `name` = `mode` for the mode) to the config file the
@@ -148,6 +149,9 @@ pub enum ControlError {
     /// A scrub could not be started or cancelled.
     #[error(transparent)]
     Scrub(#[from] ScrubError),
+    /// A trace could not be started or stopped.
+    #[error(transparent)]
+    Trace(#[from] TraceStartError),
     /// A byte range given to `forget-lost` starts past the exported device's end.
     #[error("{what} is beyond the end of the device ({size} bytes)")]
     OutOfRange {
@@ -172,6 +176,8 @@ pub struct ControllerOptions {
     pub cache: Option<Arc<Cache>>,
     /// The exported device's measurements (see [`crate::timed::Timed`]).
     pub latencies: Arc<Latencies>,
+    /// The recorder of the exported device's requests ([`crate::timed::Timed::tracer`]).
+    pub tracer: Arc<Tracer>,
     /// The cache device's rated endurance in TB written, for the wear forecast.
     pub endurance_tbw: Option<f64>,
     /// How to persist a setting; `None` when the server has no config file.
@@ -341,6 +347,7 @@ pub struct Controller {
     att: Arc<RwLock<Attachment>>,
     detach: Option<Arc<DetachOptions>>,
     lat: Arc<Latencies>,
+    tracer: Arc<Tracer>,
     endurance_tbw: Option<f64>,
     persist: Option<PersistFn>,
     started: Instant,
@@ -368,6 +375,7 @@ impl Controller {
             })),
             detach: opts.detach.map(Arc::new),
             lat: opts.latencies,
+            tracer: opts.tracer,
             endurance_tbw: opts.endurance_tbw,
             persist: opts.persist,
             started: Instant::now(),
@@ -449,6 +457,7 @@ impl Controller {
             status,
             job: self.job_report(),
             scrub: self.scrub.status(),
+            trace: self.tracer.status(),
             counters,
             derived,
             window_secs: windows.iter().map(|w| (w.name, w.secs)).collect(),
@@ -816,6 +825,18 @@ impl Controller {
             return Err(e.into());
         }
         Ok(())
+    }
+
+    /// Starts recording the clients' requests to a new file at `path` (absolute; must not
+    /// exist yet).
+    pub fn start_trace(&self, path: &std::path::Path) -> Result<TraceStatus, ControlError> {
+        self.tracer.start(path, self.dev.info().size)?;
+        Ok(self.tracer.status().ok_or(TraceStartError::NotRunning)?)
+    }
+
+    /// Stops the trace, once everything recorded is in the file (synced).
+    pub fn stop_trace(&self) -> Result<TraceStatus, ControlError> {
+        Ok(self.tracer.stop()?)
     }
 
     /// Starts a scrub on a background thread (see [`Cache::scrub`]) and returns at once; the
@@ -1219,6 +1240,7 @@ pub(crate) mod tests {
             dev: timed.clone(),
             cache,
             latencies: timed.latencies(),
+            tracer: timed.tracer(),
             endurance_tbw: Some(600.0),
             persist,
             detach: None,
@@ -1252,6 +1274,7 @@ pub(crate) mod tests {
             dev: timed.clone(),
             cache: Some(cache),
             latencies: timed.latencies(),
+            tracer: timed.tracer(),
             endurance_tbw: None,
             persist: None,
             detach: Some(DetachOptions {

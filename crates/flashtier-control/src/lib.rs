@@ -38,7 +38,8 @@
 //! [`render`] (status, table, stats text), [`prometheus`], [`controller`], [`protocol`],
 //! [`server`] (control socket), [`client`] (for the CLI), [`switch`] (the exported device, swapped by detach and attach), [`metrics`] (HTTP), `acceptor` (the
 //! accept loop both listeners share), `atomic_file` (replacing a file whole, safely), [`run_dir`], [`statsfile`],
-//! [`plane`] (starts and stops them together), [`config`] (the TOML config file).
+//! [`plane`] (starts and stops them together), [`config`] (the TOML config file), [`trace`]
+//! (recording the clients' requests, and the trace file).
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -61,6 +62,7 @@ pub mod server;
 pub mod statsfile;
 pub mod switch;
 pub mod timed;
+pub mod trace;
 pub mod windows;
 
 pub use client::{Client, ClientError};

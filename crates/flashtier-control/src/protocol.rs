@@ -86,6 +86,14 @@ pub enum Request {
     },
     /// Stops the running scrub: `null`.
     ScrubCancel,
+    /// Starts recording every client request to a new trace file: `{"path"}` (absolute; the
+    /// server creates it, and refuses one that exists): [`crate::trace::TraceStatus`].
+    TraceStart {
+        /// The file to create.
+        path: String,
+    },
+    /// Stops the trace once all of it is written and synced: [`crate::trace::TraceStatus`].
+    TraceStop,
     /// Forgets lost blocks: all (no `offset`), or those the bytes from `offset` (`length`
     /// bytes; none: one block) touch: `{"forgotten"}`.
     ForgetLost {

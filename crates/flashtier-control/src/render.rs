@@ -145,6 +145,29 @@ fn render_lost(c: &crate::report::CacheStatus) -> String {
     )
 }
 
+/// One line about the trace being recorded, or the one that failed.
+pub fn render_trace(t: &crate::trace::TraceStatus) -> String {
+    let lost = if t.lost > 0 {
+        format!(", {} dropped (the file could not keep up)", t.lost)
+    } else {
+        String::new()
+    };
+    match &t.error {
+        None => format!(
+            "recording to {}: {} requests in {:.0} s, {}{lost}",
+            t.path.display(),
+            t.requests,
+            t.seconds,
+            fmt_bytes(t.bytes)
+        ),
+        Some(e) => format!(
+            "FAILED writing {} after {} requests: {e}",
+            t.path.display(),
+            t.requests
+        ),
+    }
+}
+
 /// One line about the running or last scrub (`flashtier status`, `flashtier scrub --status`).
 pub fn render_scrub(s: &crate::report::ScrubStatus) -> String {
     let found = format!(
@@ -247,6 +270,9 @@ impl Report {
         rows.push(vec!["in progress".into(), self.render_job()]);
         if let Some(scrub) = &self.scrub {
             rows.push(vec!["scrub".into(), render_scrub(scrub)]);
+        }
+        if let Some(t) = &self.trace {
+            rows.push(vec!["trace".into(), render_trace(t)]);
         }
         table(&rows, false)
     }
@@ -445,6 +471,11 @@ impl Report {
             line("scrub_checked_blocks", &sc.checked_blocks);
             line("scrub_dropped_blocks", &sc.dropped_blocks);
             line("scrub_lost_blocks", &sc.lost_blocks);
+        }
+        if let Some(t) = &self.trace {
+            line("trace_requests", &t.requests);
+            line("trace_lost", &t.lost);
+            line("trace_bytes", &t.bytes);
         }
         if let Some(j) = &self.job {
             line("job", &j.what);

@@ -15,6 +15,8 @@ use serde::de::{MapAccess, Visitor};
 use serde::ser::SerializeMap;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::trace::TraceStatus;
+
 /// A JSON object whose keys keep their order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ordered<V>(pub Vec<(String, V)>);
@@ -83,6 +85,10 @@ pub struct Report {
     /// The scrub in progress, or the last one (until the next starts); null before any.
     #[serde(default)]
     pub scrub: Option<ScrubStatus>,
+    /// The trace being recorded (`flashtier trace start`, `serve --trace`), or the last one if
+    /// it stopped on a write error; null otherwise.
+    #[serde(default)]
+    pub trace: Option<TraceStatus>,
     /// Every counter since the server started or the last `reset-stats`.
     pub counters: Ordered<u64>,
     /// Figures computed from the counters and the status.

@@ -131,6 +131,8 @@ pub fn handle(c: &Controller, req: Request) -> Result<serde_json::Value, Control
             c.cancel_scrub()?;
             serde_json::Value::Null
         }
+        Request::TraceStart { path } => json(&c.start_trace(std::path::Path::new(&path))?),
+        Request::TraceStop => json(&c.stop_trace()?),
         Request::ForgetLost { offset, length } => {
             serde_json::json!({ "forgotten": c.forget_lost(offset, length)? })
         }

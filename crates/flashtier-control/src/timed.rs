@@ -14,6 +14,7 @@ use std::time::Instant;
 use flashtier_io::{BlockDev, DevInfo, Extent, ZeroOpts};
 
 use crate::histogram::{HistSnapshot, Histogram};
+use crate::trace::{TraceOp, Tracer};
 
 /// The operations timed, in report order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -101,10 +102,12 @@ impl Latencies {
     }
 }
 
-/// Wraps a device and records every request's latency into [`Latencies`].
+/// Wraps a device and records every request's latency into [`Latencies`], and the request
+/// itself into a trace while one runs ([`Tracer`]).
 pub struct Timed {
     inner: Arc<dyn BlockDev>,
     lat: Arc<Latencies>,
+    tracer: Arc<Tracer>,
 }
 
 impl Timed {
@@ -114,7 +117,13 @@ impl Timed {
         Timed {
             inner,
             lat: Arc::default(),
+            tracer: Arc::default(),
         }
+    }
+
+    /// The trace recorder of these requests, shared: the controller starts and stops it.
+    pub fn tracer(&self) -> Arc<Tracer> {
+        self.tracer.clone()
     }
 
     /// The measurements, shared: the controller reads them while requests keep adding to them.
@@ -141,10 +150,13 @@ impl BlockDev for Timed {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let n = buf.len() as u64;
+        self.tracer.record(TraceOp::Read, offset, n, false);
         self.timed(Op::Read, n, || self.inner.read_at(buf, offset))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+        self.tracer
+            .record(TraceOp::Write, offset, buf.len() as u64, fua);
         self.timed(Op::Write, buf.len() as u64, || {
             self.inner.write_at(buf, offset, fua)
         })
@@ -152,18 +164,23 @@ impl BlockDev for Timed {
 
     fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
         let n = bufs.iter().map(|b| b.len() as u64).sum();
+        self.tracer.record(TraceOp::Write, offset, n, false);
         self.timed(Op::Write, n, || self.inner.write_vectored_at(bufs, offset))
     }
 
     fn flush(&self) -> io::Result<()> {
+        self.tracer.record(TraceOp::Flush, 0, 0, false);
         self.timed(Op::Flush, 0, || self.inner.flush())
     }
 
     fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.tracer.record(TraceOp::Trim, offset, len, false);
         self.timed(Op::Trim, len, || self.inner.trim(offset, len))
     }
 
     fn write_zeroes(&self, offset: u64, len: u64, opts: ZeroOpts) -> io::Result<()> {
+        self.tracer
+            .record(TraceOp::WriteZeroes, offset, len, opts.fua);
         self.timed(Op::WriteZeroes, len, || {
             self.inner.write_zeroes(offset, len, opts)
         })

@@ -13,6 +13,7 @@ mod notify;
 mod probe;
 mod serve;
 mod shutdown;
+mod trace_cmd;
 mod units;
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -101,6 +102,10 @@ enum Command {
     /// Acknowledge lost blocks of a running server (all, or a byte range): reads of them stop
     /// failing and return the backing store's older data. Asks for confirmation.
     ForgetLost(integrity_cmd::ForgetLostArgs),
+    /// Record a running server's client requests (`trace start FILE`, `trace stop`), summarise
+    /// a trace (`trace show`), and convert it to and from fio's iolog (`trace to-fio`,
+    /// `trace from-fio`) to replay it.
+    Trace(trace_cmd::TraceArgs),
     /// Work with config files (`flashtier config check FILE`).
     Config(config_cmd::ConfigArgs),
     /// Write the man pages or shell completions made from this command line definition (for
@@ -146,6 +151,7 @@ fn main() {
         Command::Scrub(args) => integrity_cmd::scrub(args),
         Command::ForgetLost(args) => integrity_cmd::forget_lost(args),
         Command::Config(args) => config_cmd::run(args),
+        Command::Trace(args) => trace_cmd::run(args),
         Command::Generate(args) => generate::run(args, Cli::command()),
     };
     if let Err(e) = result {

@@ -100,6 +100,7 @@ struct Settings {
     control_socket: (PathBuf, bool),
     metrics_listen: Option<String>,
     stats_file: (PathBuf, bool),
+    trace: Option<PathBuf>,
     endurance_tbw: Option<f64>,
     /// Live parameters to apply at open: the config file's [policy], then `--set` (which wins).
     policy: Vec<(String, String)>,
@@ -194,6 +195,8 @@ impl Settings {
             control_socket: path(o.control_socket, control_socket_given, "control.sock"),
             metrics_listen: o.metrics_listen,
             stats_file: path(o.stats_file, stats_file_given, "stats"),
+            // The server creates it; relative to where `serve` was started, as the user meant.
+            trace: o.trace.map(std::path::absolute).transpose()?,
             endurance_tbw: o.endurance_tbw,
             policy,
             config,
@@ -295,6 +298,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         dev: timed.clone(),
         cache: cache.clone(),
         latencies: timed.latencies(),
+        tracer: timed.tracer(),
         endurance_tbw: args.endurance_tbw,
         persist: args.config.as_ref().map(|c| {
             let path = c.path.clone();
@@ -346,6 +350,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // From here on the controller holds the cache (detach may release it, attach replace it).
     drop(cache);
     let server = Server::new(export, server_config)?;
+    if let Some(path) = &args.trace {
+        controller
+            .start_trace(path)
+            .with_context(|| format!("--trace {}", path.display()))?;
+    }
     // Before the socket exists: a signal sent as soon as a script sees it must already be graceful.
     install_signal_handlers(server.shutdown_handle())?;
     let plane = start_control_plane(controller.clone(), &args)?;
@@ -394,6 +403,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             t.description()
         )?;
     }
+    if let Some(path) = &args.trace {
+        writeln!(
+            out,
+            "flashtier: recording a trace of every request to {} (flashtier trace stop ends it)",
+            path.display()
+        )?;
+    }
     if let Some(addr) = plane.metrics_addr() {
         writeln!(
             out,
@@ -418,6 +434,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     drop(server);
     // Stop answering control requests before the cache closes under them.
     plane.stop();
+    // Every request is answered: the trace is complete, and is synced before the exit.
+    match controller.stop_trace() {
+        Ok(t) => tracing::info!(path = %t.path.display(), requests = t.requests, lost = t.lost,
+            "trace closed"),
+        Err(ControlError::Trace(flashtier_control::trace::TraceStartError::NotRunning)) => {}
+        Err(e) => eprintln!("flashtier: the trace is incomplete: {e}"),
+    }
     // The cache attached now (a detach releasing it finishes first).
     shutdown::finish(controller.take_cache(), served)
 }

@@ -19,3 +19,4 @@ mod probe;
 mod protocol;
 mod tls;
 mod tools;
+mod trace;

@@ -1,0 +1,147 @@
+//! `serve --trace` and `flashtier trace`, against fio: what fio did is what the trace holds, and
+//! the trace converted to an iolog makes fio do it again.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::BufReader;
+use std::path::Path;
+use std::process::Command;
+
+use flashtier_control::trace::{TraceOp, TraceReader};
+
+use crate::harness::{self, path_str, run, run_any, run_stdout, text, Server, BIN};
+
+/// Every request of a trace but flushes (fio's nbd engine may add one at close) and lost
+/// records, as a multiset of (op, offset, length).
+fn requests(trace: &Path) -> HashMap<(TraceOp, u64, u32), u32> {
+    let r = TraceReader::new(BufReader::new(File::open(trace).unwrap())).unwrap();
+    let mut m = HashMap::new();
+    for rec in r {
+        let rec = rec.unwrap();
+        if !matches!(rec.op, TraceOp::Flush | TraceOp::Lost) {
+            *m.entry((rec.op, rec.offset, rec.len)).or_insert(0) += 1;
+        }
+    }
+    m
+}
+
+fn flashtier(args: &[&str]) -> String {
+    run_stdout(Command::new(BIN).args(args))
+}
+
+#[test]
+fn a_trace_holds_what_fio_did_and_its_iolog_makes_fio_do_it_again() {
+    harness::require("fio");
+    let dir = harness::scratch();
+    let d = dir.path();
+    let (img, img2) = (d.join("a.img"), d.join("b.img"));
+    harness::sparse_file(&img, 64 << 20);
+    harness::sparse_file(&img2, 64 << 20);
+    let (trace_a, trace_b) = (d.join("a.trace"), d.join("b.trace"));
+    let control = d.join("a.ctl");
+    let server = Server::start(&[
+        "--backing",
+        path_str(&img),
+        "--listen",
+        path_str(&d.join("a.sock")),
+        "--control-socket",
+        path_str(&control),
+        "--trace",
+        path_str(&trace_a),
+    ]);
+    // fio's own record of what it did, to hold the trace against.
+    let fio_log = d.join("fio.iolog");
+    let out = run_any(Command::new("fio").args([
+        "--name=t",
+        "--ioengine=nbd",
+        &format!("--uri={}", server.uri),
+        "--rw=randrw",
+        "--bs=4k",
+        "--bsrange=4k-64k",
+        "--size=64M",
+        "--iodepth=8",
+        &format!("--write_iolog={}", fio_log.display()),
+        "--output=/dev/null",
+    ]));
+    assert!(out.status.success(), "fio failed:\n{}", text(&out));
+    let status = flashtier(&["status", "--control", path_str(&control)]);
+    assert!(
+        status.contains(&format!("recording to {}", trace_a.display())),
+        "{status}"
+    );
+    // A second trace while one runs is refused, and names the running one.
+    let second = run_any(Command::new(BIN).args([
+        "trace",
+        "start",
+        path_str(&d.join("second.trace")),
+        "--control",
+        path_str(&control),
+    ]));
+    assert!(!second.status.success());
+    assert!(
+        text(&second).contains("already being recorded"),
+        "{}",
+        text(&second)
+    );
+    let stopped = flashtier(&["trace", "stop", "--control", path_str(&control)]);
+    server.stop();
+
+    let fio_trace = d.join("fio.trace");
+    flashtier(&[
+        "trace",
+        "from-fio",
+        path_str(&fio_log),
+        path_str(&fio_trace),
+    ]);
+    let recorded = requests(&trace_a);
+    let total = recorded.values().sum::<u32>();
+    assert!(total > 1000, "fio made only {total} requests");
+    assert!(
+        stopped.contains(&format!("stopped: {total} requests")),
+        "{stopped}"
+    );
+    assert!(
+        recorded == requests(&fio_trace),
+        "the trace differs from fio's own iolog"
+    );
+    let show = flashtier(&["trace", "show", path_str(&trace_a)]);
+    assert!(show.contains("a trace of a 64.00 MiB export"), "{show}");
+
+    // Replayed by fio from the converted iolog into a second server (with a cache this time),
+    // which records it in turn: the same requests.
+    let iolog = d.join("a.iolog");
+    flashtier(&["trace", "to-fio", path_str(&trace_a), path_str(&iolog)]);
+    let cache = d.join("cache.img");
+    harness::sparse_file(&cache, 64 << 20);
+    run(&mut harness::format_command(&cache, path_str(&img2)));
+    let replay_server = Server::start(&[
+        "--backing",
+        path_str(&img2),
+        "--cache",
+        path_str(&cache),
+        "--listen",
+        path_str(&d.join("b.sock")),
+        "--trace",
+        path_str(&trace_b),
+    ]);
+    let out = run_any(Command::new("fio").args([
+        "--name=replay",
+        "--ioengine=nbd",
+        &format!("--uri={}", replay_server.uri),
+        &format!("--read_iolog={}", iolog.display()),
+        "--replay_no_stall=1",
+        "--output=/dev/null",
+    ]));
+    assert!(out.status.success(), "fio replay failed:\n{}", text(&out));
+    // Stopping the server closes the trace whole.
+    replay_server.stop();
+    assert!(
+        requests(&trace_b) == recorded,
+        "the replay's trace differs from the recorded one"
+    );
+    // The converters refuse to overwrite.
+    let again =
+        run_any(Command::new(BIN).args(["trace", "to-fio", path_str(&trace_a), path_str(&iolog)]));
+    assert!(!again.status.success());
+    assert!(text(&again).contains("cannot create"), "{}", text(&again));
+}
