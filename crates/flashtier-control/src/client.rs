@@ -234,9 +234,11 @@ impl Client {
         })
     }
 
-    /// Stops the trace; returns what it recorded.
-    pub fn trace_stop(&mut self) -> Result<TraceStatus, ClientError> {
-        self.call_as(&Request::TraceStop)
+    /// Stops the trace (with `path`: only a trace into that file); returns what it recorded.
+    pub fn trace_stop(&mut self, path: Option<&str>) -> Result<TraceStatus, ClientError> {
+        self.call_as(&Request::TraceStop {
+            path: path.map(str::to_string),
+        })
     }
 
     /// Forgets lost blocks (all, or those bytes `offset`.. `length` touch); returns how many.

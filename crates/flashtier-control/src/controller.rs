@@ -834,9 +834,10 @@ impl Controller {
         Ok(self.tracer.status().ok_or(TraceStartError::NotRunning)?)
     }
 
-    /// Stops the trace, once everything recorded is in the file (synced).
-    pub fn stop_trace(&self) -> Result<TraceStatus, ControlError> {
-        Ok(self.tracer.stop()?)
+    /// Stops the trace (with `only`: only if it goes to that file), once everything recorded is
+    /// in the file (synced).
+    pub fn stop_trace(&self, only: Option<&std::path::Path>) -> Result<TraceStatus, ControlError> {
+        Ok(self.tracer.stop(only)?)
     }
 
     /// Starts a scrub on a background thread (see [`Cache::scrub`]) and returns at once; the

@@ -92,8 +92,13 @@ pub enum Request {
         /// The file to create.
         path: String,
     },
-    /// Stops the trace once all of it is written and synced: [`crate::trace::TraceStatus`].
-    TraceStop,
+    /// Stops the trace once all of it is written and synced (with `path`: only a trace into
+    /// that file): [`crate::trace::TraceStatus`].
+    TraceStop {
+        /// The running trace's file, if the caller wants to be sure which it stops.
+        #[serde(default)]
+        path: Option<String>,
+    },
     /// Forgets lost blocks: all (no `offset`), or those the bytes from `offset` (`length`
     /// bytes; none: one block) touch: `{"forgotten"}`.
     ForgetLost {

@@ -132,7 +132,9 @@ pub fn handle(c: &Controller, req: Request) -> Result<serde_json::Value, Control
             serde_json::Value::Null
         }
         Request::TraceStart { path } => json(&c.start_trace(std::path::Path::new(&path))?),
-        Request::TraceStop => json(&c.stop_trace()?),
+        Request::TraceStop { path } => {
+            json(&c.stop_trace(path.as_deref().map(std::path::Path::new))?)
+        }
         Request::ForgetLost { offset, length } => {
             serde_json::json!({ "forgotten": c.forget_lost(offset, length)? })
         }

@@ -435,7 +435,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // Stop answering control requests before the cache closes under them.
     plane.stop();
     // Every request is answered: the trace is complete, and is synced before the exit.
-    match controller.stop_trace() {
+    match controller.stop_trace(None) {
         Ok(t) => tracing::info!(path = %t.path.display(), requests = t.requests, lost = t.lost,
             "trace closed"),
         Err(ControlError::Trace(flashtier_control::trace::TraceStartError::NotRunning)) => {}

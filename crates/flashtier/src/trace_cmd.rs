@@ -38,8 +38,11 @@ pub enum TraceCommand {
         control: ControlOpt,
     },
     /// Stop the running trace; returns once all of it is written and synced, and prints what it
-    /// recorded.
+    /// recorded. With FILE, only if the running trace goes to that file.
     Stop {
+        /// The running trace's file (nothing is stopped if another trace runs).
+        #[arg(value_name = "FILE")]
+        file: Option<PathBuf>,
         #[command(flatten)]
         control: ControlOpt,
     },
@@ -92,8 +95,13 @@ pub fn run(args: TraceArgs) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        TraceCommand::Stop { control } => {
-            let status = control.connect()?.trace_stop()?;
+        TraceCommand::Stop { file, control } => {
+            let file = file.map(std::path::absolute).transpose()?;
+            let path = file
+                .as_deref()
+                .map(|f| f.to_str().context("the trace file's path is not UTF-8"))
+                .transpose()?;
+            let status = control.connect()?.trace_stop(path)?;
             println!("{}", stopped(&status));
             Ok(())
         }

@@ -43,6 +43,14 @@ pub enum TraceStartError {
     /// None is running.
     #[error("no trace is being recorded")]
     NotRunning,
+    /// Stopping a trace into one file while the one running goes to another.
+    #[error("the trace being recorded goes to {running}, not {asked}; nothing was stopped")]
+    OtherFile {
+        /// The running trace's file.
+        running: PathBuf,
+        /// The file named to stop.
+        asked: PathBuf,
+    },
     /// The path is relative.
     #[error("the trace file's path must be absolute, not {0}")]
     Relative(PathBuf),
@@ -260,9 +268,19 @@ impl Tracer {
         Ok(())
     }
 
-    /// Stops recording: everything recorded is written and synced before this returns.
-    pub fn stop(&self) -> Result<TraceStatus, TraceStartError> {
+    /// Stops recording: everything recorded is written and synced before this returns. With
+    /// `only`, stops only a trace into that file (a script stopping its own trace must not end
+    /// an operator's).
+    pub fn stop(&self, only: Option<&Path>) -> Result<TraceStatus, TraceStartError> {
         let mut active = self.active.lock();
+        if let (Some(a), Some(only)) = (active.as_ref(), only) {
+            if a.path != only {
+                return Err(TraceStartError::OtherFile {
+                    running: a.path.clone(),
+                    asked: only.to_path_buf(),
+                });
+            }
+        }
         let Some(a) = active.take() else {
             return match self.failed.lock().take() {
                 Some(failed) => Err(TraceStartError::Write {
@@ -385,7 +403,7 @@ mod tests {
         t.record(TraceOp::Flush, 0, 0, false);
         let live = t.status().unwrap();
         assert_eq!((live.requests, live.lost, live.error), (2, 0, None));
-        let done = t.stop().unwrap();
+        let done = t.stop(None).unwrap();
         t.record(TraceOp::Read, 0, 4096, false); // after the stop: not recorded
         assert_eq!(done.requests, 2);
         assert_eq!(done.bytes, std::fs::metadata(&path).unwrap().len());
@@ -400,7 +418,7 @@ mod tests {
         );
         assert!(got[0].t_us <= got[1].t_us);
         assert!(t.status().is_none());
-        assert!(matches!(t.stop(), Err(TraceStartError::NotRunning)));
+        assert!(matches!(t.stop(None), Err(TraceStartError::NotRunning)));
     }
 
     #[test]
@@ -428,10 +446,18 @@ mod tests {
         let path = dir.path().join("ok");
         t.start(&path, 0).unwrap();
         assert!(matches!(
+            t.stop(Some(&dir.path().join("other"))),
+            Err(TraceStartError::OtherFile { .. })
+        ));
+        assert!(
+            t.status().is_some(),
+            "stopping another file's trace stopped this one"
+        );
+        assert!(matches!(
             t.start(&dir.path().join("second"), 0),
             Err(TraceStartError::Running(_))
         ));
-        t.stop().unwrap();
+        t.stop(Some(&path)).unwrap();
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
     }
@@ -455,7 +481,7 @@ mod tests {
         for th in threads {
             th.join().unwrap();
         }
-        let done = t.stop().unwrap();
+        let done = t.stop(None).unwrap();
         let got = read(&path);
         assert_eq!(done.requests, 160_000);
         assert_eq!(
@@ -487,7 +513,7 @@ mod tests {
         for n in 0..5_000u64 {
             t.record(TraceOp::Read, n * 4096, 4096, false);
         }
-        let done = t.stop().unwrap();
+        let done = t.stop(None).unwrap();
         let got = read(&path);
         assert!(done.lost > 0, "nothing was dropped: {done:?}");
         assert_eq!(done.requests + done.lost, 5_000);

@@ -83,7 +83,27 @@ fn a_trace_holds_what_fio_did_and_its_iolog_makes_fio_do_it_again() {
         "{}",
         text(&second)
     );
-    let stopped = flashtier(&["trace", "stop", "--control", path_str(&control)]);
+    // Naming another file stops nothing; naming this one stops it.
+    let other = run_any(Command::new(BIN).args([
+        "trace",
+        "stop",
+        path_str(&d.join("other.trace")),
+        "--control",
+        path_str(&control),
+    ]));
+    assert!(!other.status.success());
+    assert!(
+        text(&other).contains("nothing was stopped"),
+        "{}",
+        text(&other)
+    );
+    let stopped = flashtier(&[
+        "trace",
+        "stop",
+        path_str(&trace_a),
+        "--control",
+        path_str(&control),
+    ]);
     server.stop();
 
     let fio_trace = d.join("fio.trace");
