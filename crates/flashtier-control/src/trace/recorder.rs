@@ -150,9 +150,6 @@ pub struct Tracer {
     /// The running trace's buffer, for the request path (kept apart from `active` so a request
     /// never waits for a start or stop in progress).
     recording: Mutex<Option<Arc<Shared>>>,
-    /// The last trace that ended by itself (a write error), kept for `status` until the next
-    /// start or stop.
-    failed: Mutex<Option<TraceStatus>>,
 }
 
 impl Tracer {
@@ -224,6 +221,21 @@ impl Tracer {
         // The mode on the open file: the umask must not widen or narrow it.
         file.set_permissions(std::fs::Permissions::from_mode(0o600))
             .map_err(create)?;
+        self.start_on(&mut active, path, file, device_size)
+    }
+
+    /// Starts recording into `file` (created for `path`), with `active` held and empty.
+    fn start_on(
+        &self,
+        active: &mut Option<Active>,
+        path: &Path,
+        file: File,
+        device_size: u64,
+    ) -> Result<(), TraceStartError> {
+        let create = |err| TraceStartError::Create {
+            path: path.to_path_buf(),
+            err,
+        };
         let start_unix_us = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
@@ -257,7 +269,6 @@ impl Tracer {
             .spawn(move || write_until_stopped(&theirs, out))
             .map_err(create)?;
         *self.recording.lock() = Some(shared.clone());
-        *self.failed.lock() = None;
         *active = Some(Active {
             path: path.to_path_buf(),
             shared,
@@ -282,13 +293,7 @@ impl Tracer {
             }
         }
         let Some(a) = active.take() else {
-            return match self.failed.lock().take() {
-                Some(failed) => Err(TraceStartError::Write {
-                    path: failed.path,
-                    why: failed.error.unwrap_or_default(),
-                }),
-                None => Err(TraceStartError::NotRunning),
-            };
+            return Err(TraceStartError::NotRunning);
         };
         self.on.store(false, Ordering::Relaxed);
         *self.recording.lock() = None;
@@ -298,7 +303,6 @@ impl Tracer {
             a.shared.wake.notify_one();
         }
         let _ = a.writer.join();
-        *self.failed.lock() = None;
         let status = status_of(&a.path, &a.shared);
         tracing::info!(path = %a.path.display(), requests = status.requests,
             lost = status.lost, "trace stopped");
@@ -311,13 +315,11 @@ impl Tracer {
         }
     }
 
-    /// The running trace, or the last one if it stopped on a write error; none otherwise.
+    /// The running trace (one that stopped on a write error, with its error, until it is
+    /// stopped or another starts); none otherwise.
     pub fn status(&self) -> Option<TraceStatus> {
         let active = self.active.lock();
-        match active.as_ref() {
-            Some(a) => Some(status_of(&a.path, &a.shared)),
-            None => self.failed.lock().clone(),
-        }
+        active.as_ref().map(|a| status_of(&a.path, &a.shared))
     }
 }
 
@@ -498,6 +500,51 @@ mod tests {
                 .map(|r| r.offset & 0xffff_ffff)
                 .collect();
             assert_eq!(mine, (0..20_000).collect::<Vec<_>>());
+        }
+    }
+
+    #[test]
+    fn a_trace_whose_writes_fail_stops_taking_records_says_why_and_makes_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ro.trace");
+        std::fs::write(&path, b"").unwrap();
+        let t = Tracer::new();
+        // A file open read-only: every write fails (EBADF), as on a full or failing disk. The
+        // header and records sit in the 1 MiB buffer until it fills.
+        let read_only = File::open(&path).unwrap();
+        t.start_on(&mut t.active.lock(), &path, read_only, 0)
+            .unwrap();
+        for n in 0..100_000u64 {
+            t.record(TraceOp::Read, n * 4096, 4096, false);
+        }
+        harness_wait(|| t.status().unwrap().error.is_some());
+        let failed = t.status().unwrap();
+        assert!(failed.error.is_some());
+        for n in 0..1_000u64 {
+            t.record(TraceOp::Write, n * 4096, 4096, false);
+        }
+        assert_eq!(
+            t.status().unwrap().requests,
+            failed.requests,
+            "recorded after failing"
+        );
+        match t.stop(None) {
+            Err(TraceStartError::Write { path: p, .. }) => assert_eq!(p, path),
+            other => panic!("stopping a failed trace: {other:?}"),
+        }
+        // A new trace starts as usual.
+        let next = dir.path().join("next.trace");
+        t.start(&next, 0).unwrap();
+        t.record(TraceOp::Flush, 0, 0, false);
+        assert_eq!(t.stop(None).unwrap().requests, 1);
+    }
+
+    /// Waits up to 10 s for `cond`.
+    fn harness_wait(cond: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(Instant::now() < deadline, "timed out");
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 
