@@ -29,6 +29,13 @@ fn flashtier(args: &[&str]) -> String {
     run_stdout(Command::new(BIN).args(args))
 }
 
+/// Runs `flashtier ARGS`, which must fail; returns what it printed.
+fn flashtier_fails(args: &[&str]) -> String {
+    let out = run_any(Command::new(BIN).args(args));
+    assert!(!out.status.success(), "flashtier {args:?} succeeded");
+    text(&out)
+}
+
 #[test]
 fn a_trace_holds_what_fio_did_and_its_iolog_makes_fio_do_it_again() {
     harness::require("fio");
@@ -70,33 +77,25 @@ fn a_trace_holds_what_fio_did_and_its_iolog_makes_fio_do_it_again() {
         "{status}"
     );
     // A second trace while one runs is refused, and names the running one.
-    let second = run_any(Command::new(BIN).args([
+    let second = d.join("second.trace");
+    let refused = flashtier_fails(&[
         "trace",
         "start",
-        path_str(&d.join("second.trace")),
+        path_str(&second),
         "--control",
         path_str(&control),
-    ]));
-    assert!(!second.status.success());
-    assert!(
-        text(&second).contains("already being recorded"),
-        "{}",
-        text(&second)
-    );
+    ]);
+    assert!(refused.contains("already being recorded"), "{refused}");
     // Naming another file stops nothing; naming this one stops it.
-    let other = run_any(Command::new(BIN).args([
+    let other = d.join("other.trace");
+    let refused = flashtier_fails(&[
         "trace",
         "stop",
-        path_str(&d.join("other.trace")),
+        path_str(&other),
         "--control",
         path_str(&control),
-    ]));
-    assert!(!other.status.success());
-    assert!(
-        text(&other).contains("nothing was stopped"),
-        "{}",
-        text(&other)
-    );
+    ]);
+    assert!(refused.contains("nothing was stopped"), "{refused}");
     let stopped = flashtier(&[
         "trace",
         "stop",
@@ -160,8 +159,6 @@ fn a_trace_holds_what_fio_did_and_its_iolog_makes_fio_do_it_again() {
         "the replay's trace differs from the recorded one"
     );
     // The converters refuse to overwrite.
-    let again =
-        run_any(Command::new(BIN).args(["trace", "to-fio", path_str(&trace_a), path_str(&iolog)]));
-    assert!(!again.status.success());
-    assert!(text(&again).contains("cannot create"), "{}", text(&again));
+    let again = flashtier_fails(&["trace", "to-fio", path_str(&trace_a), path_str(&iolog)]);
+    assert!(again.contains("cannot create"), "{again}");
 }
