@@ -108,7 +108,37 @@ struct Pending {
     error: Option<String>,
 }
 
+impl Default for Pending {
+    /// Taking no records until a trace starts.
+    fn default() -> Pending {
+        Pending {
+            buf: Vec::new(),
+            max: MAX_PENDING,
+            dropped: 0,
+            requests: 0,
+            lost: 0,
+            records: 0,
+            started: Instant::now(),
+            open: false,
+            stop: false,
+            error: None,
+        }
+    }
+}
+
 impl Pending {
+    /// Ready for a new trace; the buffer keeps its capacity.
+    fn restart(&mut self) {
+        let mut buf = std::mem::take(&mut self.buf);
+        buf.clear();
+        buf.reserve(WAKE_AT);
+        *self = Pending {
+            buf,
+            open: true,
+            ..Pending::default()
+        };
+    }
+
     fn push(&mut self, r: TraceRecord) {
         self.buf.push(r);
         self.records += 1;
@@ -131,6 +161,10 @@ impl Pending {
     }
 }
 
+/// The buffer and its wake-up, shared by the request path and the writer thread; one for the
+/// tracer's life, reset by each start, so a request takes one lock and never waits for a start
+/// or stop in progress.
+#[derive(Default)]
 struct Shared {
     pending: Mutex<Pending>,
     wake: Condvar,
@@ -138,7 +172,6 @@ struct Shared {
 
 struct Active {
     path: PathBuf,
-    shared: Arc<Shared>,
     writer: JoinHandle<()>,
 }
 
@@ -147,9 +180,7 @@ struct Active {
 pub struct Tracer {
     on: AtomicBool,
     active: Mutex<Option<Active>>,
-    /// The running trace's buffer, for the request path (kept apart from `active` so a request
-    /// never waits for a start or stop in progress).
-    recording: Mutex<Option<Arc<Shared>>>,
+    shared: Arc<Shared>,
 }
 
 impl Tracer {
@@ -163,9 +194,7 @@ impl Tracer {
         if !self.on.load(Ordering::Relaxed) {
             return;
         }
-        let Some(shared) = self.recording.lock().clone() else {
-            return;
-        };
+        let shared = &*self.shared;
         let mut p = shared.pending.lock();
         if !p.open {
             return;
@@ -248,30 +277,22 @@ impl Tracer {
             },
         )
         .map_err(create)?;
-        let shared = Arc::new(Shared {
-            pending: Mutex::new(Pending {
-                buf: Vec::with_capacity(WAKE_AT),
-                max: MAX_PENDING,
-                dropped: 0,
-                requests: 0,
-                lost: 0,
-                records: 0,
-                started: Instant::now(),
-                open: true,
-                stop: false,
-                error: None,
-            }),
-            wake: Condvar::new(),
-        });
-        let theirs = shared.clone();
-        let writer = std::thread::Builder::new()
+        // No writer runs now (a failed one was joined), so nobody else touches the buffer but
+        // requests, which find it closed until here.
+        self.shared.pending.lock().restart();
+        let theirs = self.shared.clone();
+        let spawned = std::thread::Builder::new()
             .name("trace".into())
-            .spawn(move || write_until_stopped(&theirs, out))
-            .map_err(create)?;
-        *self.recording.lock() = Some(shared.clone());
+            .spawn(move || write_until_stopped(&theirs, out));
+        let writer = match spawned {
+            Ok(w) => w,
+            Err(err) => {
+                self.shared.pending.lock().open = false;
+                return Err(create(err));
+            }
+        };
         *active = Some(Active {
             path: path.to_path_buf(),
-            shared,
             writer,
         });
         self.on.store(true, Ordering::Relaxed);
@@ -296,14 +317,10 @@ impl Tracer {
             return Err(TraceStartError::NotRunning);
         };
         self.on.store(false, Ordering::Relaxed);
-        *self.recording.lock() = None;
-        {
-            let mut p = a.shared.pending.lock();
-            p.stop = true;
-            a.shared.wake.notify_one();
-        }
+        self.shared.pending.lock().stop = true;
+        self.shared.wake.notify_one();
         let _ = a.writer.join();
-        let status = status_of(&a.path, &a.shared);
+        let status = status_of(&a.path, &self.shared);
         tracing::info!(path = %a.path.display(), requests = status.requests,
             lost = status.lost, "trace stopped");
         match &status.error {
@@ -319,7 +336,7 @@ impl Tracer {
     /// stopped or another starts); none otherwise.
     pub fn status(&self) -> Option<TraceStatus> {
         let active = self.active.lock();
-        active.as_ref().map(|a| status_of(&a.path, &a.shared))
+        active.as_ref().map(|a| status_of(&a.path, &self.shared))
     }
 }
 
@@ -556,7 +573,7 @@ mod tests {
         t.start(&path, 0).unwrap();
         // A buffer of 16: a burst of 5,000 cannot all fit before the writer (every 100 ms, or
         // at 4 buffered) empties it.
-        t.recording.lock().clone().unwrap().pending.lock().max = 16;
+        t.shared.pending.lock().max = 16;
         for n in 0..5_000u64 {
             t.record(TraceOp::Read, n * 4096, 4096, false);
         }
