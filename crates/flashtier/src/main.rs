@@ -1,6 +1,7 @@
 //! The `flashtier` command.
 
 mod adopt;
+mod advise;
 mod backing;
 mod config_cmd;
 mod confirm;
@@ -10,6 +11,7 @@ mod format;
 mod generate;
 mod integrity_cmd;
 mod notify;
+mod png;
 mod probe;
 mod serve;
 mod shutdown;
@@ -106,6 +108,10 @@ enum Command {
     /// a trace (`trace show`), and convert it to and from fio's iolog (`trace to-fio`,
     /// `trace from-fio`) to replay it.
     Trace(trace_cmd::TraceArgs),
+    /// Estimate from a trace (`flashtier trace`) how the read miss ratio falls with the cache's
+    /// size, for exact LRU, FIFO and S3-FIFO (spatially sampled, with the error stated), and
+    /// recommend a size; `--plot` draws the curves.
+    Advise(advise::AdviseArgs),
     /// Work with config files (`flashtier config check FILE`).
     Config(config_cmd::ConfigArgs),
     /// Write the man pages or shell completions made from this command line definition (for
@@ -152,6 +158,7 @@ fn main() {
         Command::ForgetLost(args) => integrity_cmd::forget_lost(args),
         Command::Config(args) => config_cmd::run(args),
         Command::Trace(args) => trace_cmd::run(args),
+        Command::Advise(args) => advise::run(args),
         Command::Generate(args) => generate::run(args, Cli::command()),
     };
     if let Err(e) = result {

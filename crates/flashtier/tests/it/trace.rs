@@ -162,3 +162,81 @@ fn a_trace_holds_what_fio_did_and_its_iolog_makes_fio_do_it_again() {
     let again = flashtier_fails(&["trace", "to-fio", path_str(&trace_a), path_str(&iolog)]);
     assert!(again.contains("cannot create"), "{again}");
 }
+
+/// `flashtier advise` on a trace the server recorded under fio: the reads it counts are the
+/// trace's, the curves fall with size, the recommendation lies within them, and the plot is a PNG.
+#[test]
+fn advise_reads_a_recorded_trace_and_plots_its_curves() {
+    harness::require("fio");
+    let dir = harness::scratch();
+    let d = dir.path();
+    let img = d.join("a.img");
+    harness::sparse_file(&img, 64 << 20);
+    let trace = d.join("a.trace");
+    let server = Server::start(&[
+        "--backing",
+        path_str(&img),
+        "--listen",
+        path_str(&d.join("a.sock")),
+        "--trace",
+        path_str(&trace),
+    ]);
+    let out = run_any(Command::new("fio").args([
+        "--name=zipf",
+        "--ioengine=nbd",
+        &format!("--uri={}", server.uri),
+        "--rw=randrw",
+        "--rwmixread=70",
+        "--bs=4k",
+        "--random_distribution=zipf:0.9",
+        "--size=64m",
+        "--number_ios=20000",
+        "--output=/dev/null",
+    ]));
+    assert!(out.status.success(), "fio failed:\n{}", text(&out));
+    server.stop();
+    let reads: u64 = requests(&trace)
+        .iter()
+        .filter(|((op, _, _), _)| *op == TraceOp::Read)
+        .map(|(&(_, _, len), &n)| n as u64 * (len as u64 / 4096))
+        .sum();
+    let plot = d.join("curves.png");
+    let json: serde_json::Value = serde_json::from_str(&flashtier(&[
+        "advise",
+        path_str(&trace),
+        "--json",
+        "--plot",
+        path_str(&plot),
+    ]))
+    .unwrap();
+    assert_eq!(json["reads"].as_u64(), Some(reads), "{json}");
+    assert_eq!(
+        json["sample_rate"].as_f64(),
+        Some(1.0),
+        "a small trace is analysed whole"
+    );
+    let curve = json["curve"].as_array().unwrap();
+    assert!(curve.len() >= 2, "{json}");
+    let lru: Vec<f64> = curve
+        .iter()
+        .map(|p| p["lru_miss_ratio"].as_f64().unwrap())
+        .collect();
+    assert!(
+        lru.windows(2).all(|w| w[1] <= w[0]),
+        "LRU misses less with more cache: {lru:?}"
+    );
+    let ws = json["working_set_bytes"].as_u64().unwrap();
+    let rec = json["recommended_bytes"].as_u64().unwrap();
+    assert!(rec > 0 && rec <= ws && ws <= 64 << 20, "{json}");
+    assert!(std::fs::read(&plot)
+        .unwrap()
+        .starts_with(b"\x89PNG\r\n\x1a\n"));
+    // The table says the same; a trace that is not one is refused.
+    let table = flashtier(&["advise", path_str(&trace), "--sizes", "1M,8M"]);
+    assert!(
+        table.contains("S3-FIFO") && table.contains("recommended:"),
+        "{table}"
+    );
+    let bad = flashtier_fails(&["advise", path_str(&img)]);
+    assert!(bad.contains("cannot read"), "{bad}");
+}
