@@ -177,7 +177,7 @@ fn converted(c: &Converted, out: &Path) -> String {
     s
 }
 
-fn open_trace(path: &Path) -> anyhow::Result<TraceReader<BufReader<File>>> {
+pub(crate) fn open_trace(path: &Path) -> anyhow::Result<TraceReader<BufReader<File>>> {
     let f = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     TraceReader::new(BufReader::with_capacity(1 << 20, f))
         .with_context(|| format!("cannot read {}", path.display()))

@@ -19,15 +19,14 @@
 mod policies;
 mod stack;
 
-use std::fs::File;
-use std::io::BufReader;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Args;
-use flashtier_control::trace::{TraceOp, TraceReader};
+use flashtier_control::trace::TraceOp;
 use serde_json::json;
 
+use crate::trace_cmd::open_trace;
 use crate::units::{fmt_bytes, parse_size};
 use policies::{Fifo, S3Fifo, Simulated};
 use stack::{LruCurve, LruStack};
@@ -126,15 +125,9 @@ fn blocks(offset: u64, len: u32, block_size: u64) -> std::ops::Range<u64> {
     first..end.max(first)
 }
 
-fn open(path: &Path) -> anyhow::Result<TraceReader<BufReader<File>>> {
-    let f = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    TraceReader::new(BufReader::with_capacity(1 << 20, f))
-        .with_context(|| format!("cannot read {}", path.display()))
-}
-
 /// Calls `f` for every block access of the trace, in order.
 fn for_each_access(path: &Path, block_size: u64, mut f: impl FnMut(Access)) -> anyhow::Result<()> {
-    for r in open(path)? {
+    for r in open_trace(path)? {
         let r = r.with_context(|| format!("reading {}", path.display()))?;
         let make: fn(u64) -> Access = match r.op {
             TraceOp::Read => Access::Read,
@@ -418,7 +411,7 @@ mod tests {
     /// fifth, the rest uniform (xorshift, fixed seed), and a sequential scan through the middle.
     fn synthetic_trace(path: &Path, blocks: u64, requests: u64) {
         let mut out = TraceWriter::new(
-            std::io::BufWriter::new(File::create(path).unwrap()),
+            std::io::BufWriter::new(std::fs::File::create(path).unwrap()),
             TraceHeader {
                 start_unix_us: 0,
                 device_size: blocks * 4096,
