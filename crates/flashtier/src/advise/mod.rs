@@ -16,6 +16,7 @@
 //! Reads are what a cache is judged by; writes count as accesses (write-back and write-through
 //! keep what is written) and trims drop blocks.
 
+mod plot;
 mod policies;
 mod stack;
 
@@ -399,8 +400,6 @@ pub fn run(args: AdviseArgs) -> anyhow::Result<()> {
     );
     Ok(())
 }
-
-mod plot;
 
 #[cfg(test)]
 mod tests {

@@ -28,14 +28,14 @@ pub fn write(path: &Path, a: &Analysis, bs: u64, recommend_blocks: u64) -> anyho
         let t = (blocks.max(lo).min(hi).ln() - lo.ln()) / (hi.ln() - lo.ln());
         left + (t * (right - left) as f64).round() as i64
     };
-    let max = a
+    // Headroom above the highest point, but never above 100%.
+    let highest = a
         .rows
         .iter()
         .flat_map(|r| [r.lru, r.fifo, r.s3fifo])
         .fold(0.0f64, f64::max)
-        .max(0.01)
-        .mul_add(1.1, 0.0)
-        .min(1.0);
+        .max(0.01);
+    let max = (highest * 1.1).min(1.0);
     let y_of = |ratio: f64| bottom - (ratio / max * (bottom - top) as f64).round() as i64;
     c.text(
         left,
