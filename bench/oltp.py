@@ -702,6 +702,7 @@ FT_SHOW = [("client reads", "counters.client_reads"), ("read hit blocks", "count
            ("client flushes", "counters.client_flushes"), ("cache syncs", "counters.cache_syncs"),
            ("backing reads", "counters.backing_reads"), ("backing writes", "counters.backing_writes"),
            ("promoted blocks", "counters.promoted_blocks"), ("evicted blocks", "counters.evicted_blocks"),
+           ("moved blocks", "counters.moved_blocks"),
            ("cached blocks after", "status.cached_blocks"), ("dirty blocks after", "status.dirty_blocks")]
 
 
@@ -766,6 +767,9 @@ def main():
     ap.add_argument("--only", metavar="CONFIG,...",
                     help=f"run only these configurations' cells of the matrix ({', '.join(CONFIGS)}); with "
                          "--quick, the base cell of each")
+    ap.add_argument("--cells", metavar="KEY,...",
+                    help="run only these cells of the full matrix, by key as the report names them "
+                         "(e.g. ft-wb/16k/dwon/cache2x,ssd-direct/16k/dwon); combines with --only")
     ap.add_argument("--profile", action="store_true",
                     help="profile one ft-wb run (base factors) instead of the matrix: perf stat, perf record, "
                          "strace -c; writes oltp_profile_raw.{md,json}")
@@ -796,6 +800,15 @@ def main():
         # --quick --only: the base cell of each named configuration (a quick check of any of them).
         cells = [base_cell(c) for c in CONFIGS if c in wanted] if args.quick else \
             [c for c in cells if c.config in wanted]
+    if args.cells:
+        keys = args.cells.split(",")
+        unknown = set(keys) - {cell_key(c) for c in full_matrix()}
+        if unknown:
+            ap.error(f"--cells: not in the matrix: {', '.join(sorted(unknown))} "
+                     f"(cells: {', '.join(cell_key(c) for c in full_matrix())})")
+        cells = [c for c in cells if cell_key(c) in keys]
+        if not cells:
+            ap.error("--cells: none of these cells is in the selected matrix")
     images = {p: prepared_image(args, work, p) for p in sorted({c.page_kib for c in cells}, reverse=True)}
     cache_sizes = {}
     for c in cells:

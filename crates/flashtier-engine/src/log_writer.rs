@@ -148,6 +148,10 @@ pub struct Writer {
     header: AlignedBuf,
     client_pending: VecDeque<Op>,
     client_blocked: bool,
+    /// The head segment was opened for system records from the reserve: client batches stay out
+    /// of it until the free list holds a whole reserve again (else they fill it, and reclaim's
+    /// next moves find no room and it must evict).
+    head_from_reserve: bool,
     /// The system ops of the round being processed. It swaps with the queue's (empty) system
     /// queue each round, so the two buffers rotate instead of being allocated per round; the
     /// same holds for the scratch vectors below, kept empty between uses.
@@ -385,6 +389,7 @@ impl Writer {
             // not be the one whose op makes them grow.
             client_pending: VecDeque::with_capacity(SCRATCH),
             client_blocked: false,
+            head_from_reserve: false,
             system_ops: VecDeque::with_capacity(SCRATCH),
             batch_recs: Vec::with_capacity(SCRATCH),
             entries: Vec::with_capacity(SCRATCH),
@@ -695,6 +700,7 @@ impl Writer {
             recs: std::mem::take(&mut self.batch_recs),
             ..Batch::new()
         };
+        let mut cap = None;
         while let Some(op) = ops.pop_front() {
             match op {
                 Op::Append(rec, w) => {
@@ -708,12 +714,17 @@ impl Writer {
                         complete(&w, Ok(DROPPED));
                         continue;
                     }
-                    if !batch.fits(&rec, max_blocks) {
+                    let limit = *cap.get_or_insert_with(|| {
+                        let first = batch.recs.first().map_or(&rec, |(r, _)| r);
+                        self.batch_cap(first, max_blocks)
+                    });
+                    if !batch.fits(&rec, limit) {
                         if let Err(Blocked) = self.write_batch(&mut batch, system) {
                             self.requeue_blocked(batch, Some((rec, w)), ops, system);
                             return;
                         }
                         batch.clear();
+                        cap = Some(self.batch_cap(&rec, max_blocks));
                     }
                     batch.data_blocks += rec.data_blocks();
                     batch.recs.push((rec, w));
@@ -730,6 +741,20 @@ impl Writer {
             batch.clear();
         }
         self.batch_recs = batch.recs;
+    }
+
+    /// The most data blocks the batch starting with `first` may hold. A batch that does not fit
+    /// the rest of the head segment seals it, and what the seal leaves unused is lost until
+    /// reclaim empties the segment (reclaim's moves and large promotions, up to
+    /// `MAX_BATCH_BLOCKS`, would lose up to that much per segment): so a batch ends where the
+    /// head segment does, unless its first record does not fit there at all.
+    fn batch_cap(&self, first: &Record, max_blocks: u32) -> u32 {
+        let bps = self.e.geo.blocks_per_segment();
+        match self.e.state.read().segs.head {
+            // One slot for the batch's header.
+            Some(h) if h.used + 1 + first.data_blocks() <= bps => max_blocks.min(bps - h.used - 1),
+            _ => max_blocks,
+        }
     }
 
     /// A client batch found only the reserve left: put it (and everything after it) back at the
@@ -920,10 +945,19 @@ impl Writer {
             let head = self.e.state.read().segs.head;
             match head {
                 // Whatever is left after a batch (if anything) can always hold a seal.
-                Some(h) if h.used + needed <= bps => return Ok(h),
+                Some(h) if h.used + needed <= bps => {
+                    if !system
+                        && self.head_from_reserve
+                        && self.e.state.read().segs.free_count() < RESERVE
+                    {
+                        return Err(NoSpace::Blocked);
+                    }
+                    return Ok(h);
+                }
                 Some(h) => {
                     if h.used < bps {
                         self.write_seal(h).map_err(NoSpace::Failed)?;
+                        Stats::add(&self.e.stats.sealed_unused_blocks, u64::from(bps - h.used));
                     }
                     self.e.state.write().segs.seal_head();
                 }
@@ -933,6 +967,7 @@ impl Writer {
             if !system && st.segs.free_count() <= RESERVE {
                 return Err(NoSpace::Blocked);
             }
+            self.head_from_reserve = st.segs.free_count() <= RESERVE;
             if st.segs.open_next(self.next_seq).is_none() {
                 return Err(NoSpace::Blocked);
             }
@@ -1550,5 +1585,91 @@ mod tests {
             "the checkpoint covers the write ({} <= {seq})",
             w.checkpointed_seq
         );
+    }
+
+    /// A client write of `blocks` blocks, queued.
+    fn queue_write(w: &mut Writer, lba: u64, blocks: u32) -> Ticket {
+        let mut data =
+            w.e.log
+                .buffer(blocks as usize * w.e.geo.block_size as usize);
+        data.fill(lba as u8);
+        let rec = Record::new(Kind::Write, lba, blocks, Some(data)).dirty(true);
+        let t = ticket();
+        w.client_pending.push_back(Op::Append(rec, Some(t.clone())));
+        t
+    }
+
+    #[test]
+    fn a_batch_ends_where_the_head_segment_does() {
+        let mut w = idle_writer();
+        let bps = w.e.geo.blocks_per_segment();
+        let first = queue_write(&mut w, 0, bps - 6);
+        w.run_ops();
+        assert!(first.wait().is_ok());
+        let head = w.e.state.read().segs.head.unwrap();
+        assert_eq!(head.used, bps - 5);
+        // Three 2-block writes in one round: the first two and their header fill the head's last
+        // 5 slots exactly, the third starts the next segment. As one batch (7 slots) they would
+        // have sealed the head and left its 5 slots unused.
+        let tickets: Vec<Ticket> = (0..3)
+            .map(|i| queue_write(&mut w, 100 + 2 * i, 2))
+            .collect();
+        w.run_ops();
+        for t in tickets {
+            assert!(t.wait().is_ok());
+        }
+        let st = w.e.state.read();
+        assert_eq!(w.e.stats.sealed_unused_blocks.load(Ordering::Relaxed), 0);
+        let now = st.segs.head.unwrap();
+        assert_ne!(now.segment, head.segment);
+        assert_eq!(now.used, 3, "the third write and its header");
+        assert_eq!(
+            st.segs.state(head.segment),
+            crate::segments::SegState::Sealed
+        );
+    }
+
+    #[test]
+    fn a_record_too_large_for_the_head_seals_it_and_counts_what_is_left() {
+        let mut w = idle_writer();
+        let bps = w.e.geo.blocks_per_segment();
+        queue_write(&mut w, 0, bps - 6);
+        w.run_ops();
+        // 6 slots needed, 5 left: the head is sealed (the seal header is one of the 5).
+        let t = queue_write(&mut w, 100, 5);
+        w.run_ops();
+        assert!(t.wait().is_ok());
+        assert_eq!(w.e.stats.sealed_unused_blocks.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn a_segment_opened_from_the_reserve_stays_closed_to_client_batches() {
+        let mut w = idle_writer();
+        let e = w.e.clone();
+        let bps = e.geo.blocks_per_segment();
+        // The free list down to the reserve, the head full.
+        {
+            let mut st = e.state.write();
+            while st.segs.free_count() > RESERVE {
+                st.segs.seal_head();
+                st.segs.open_next(w.next_seq);
+            }
+            let h = st.segs.head.unwrap();
+            st.segs.set_head(Head { used: bps, ..h });
+        }
+        // A system record opens a reserve segment and leaves most of it empty.
+        let moved = ticket();
+        let mut data = e.log.buffer(e.geo.block_size as usize);
+        data.fill(1);
+        let rec = Record::new(Kind::Move, 7, 1, Some(data)).aux(0);
+        w.system_ops.push_back(Op::Append(rec, Some(moved.clone())));
+        w.run_ops();
+        assert!(moved.wait().is_ok());
+        assert_eq!(e.state.read().segs.free_count(), RESERVE - 1);
+        // A client write would fit it, but waits for reclaim to refill the reserve.
+        let write = queue_write(&mut w, 0, 1);
+        w.run_ops();
+        assert!(w.client_blocked && !write.is_done());
+        assert_eq!(e.state.read().segs.head.unwrap().used, 2);
     }
 }

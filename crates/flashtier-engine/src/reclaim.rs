@@ -1,15 +1,21 @@
 //! Reclaim: empties segments so the log always has somewhere to go.
 //!
 //! A background thread wakes when free segments drop to the low-water mark, and empties victim
-//! segments (FIFO: oldest; LRU: least recently read; empty ones first) until enough are free or
-//! waiting for a checkpoint. For each victim: dirty blocks are copied forward if the victim is at
-//! most a quarter live and the cache holds less than three quarters dirty data, else written back
-//! (never dropped); blocks read since they were written are copied forward when the policy is
-//! LRU (at most half a segment is copied in all, and at most half the cache per reclaim round, so
-//! a round always ends); the rest are evicted. Victims follow the policy, except that a victim
-//! whose dirty blocks would have to be written back gives way to the sparsest segment if that
-//! one's can be copied instead. The victim is then quarantined until neither checkpoint recovery
-//! may start from references it (two checkpoints later: see `segments`).
+//! segments until enough are free or waiting for a checkpoint. Garbage is collected before
+//! anything is evicted: while the sealed segment with the fewest live blocks is at most
+//! `reclaim_compact_pct` live (at most half), it is the victim and all its blocks, clean and
+//! dirty, are copied forward (*compaction*), so a cache larger than its working set never drops
+//! a block however its overwrites scatter garbage (measured under MariaDB: a cache twice the data
+//! evicted 40,000 blocks a minute, each a slow-disk read later). Only when every segment is
+//! fuller does the policy choose (FIFO: oldest; LRU: least recently read; empty ones first) and
+//! evict. For a policy victim: dirty blocks are copied forward if the victim is at most a quarter
+//! live and the cache holds less than three quarters dirty data, else written back (never
+//! dropped); blocks read since they were written are copied forward when the policy is LRU; the
+//! rest are evicted. Either way at most half a segment is copied per victim, and at most half the
+//! cache per reclaim round, so every victim frees half a segment and a round always ends. A policy
+//! victim whose dirty blocks would have to be written back gives way to the sparsest segment if
+//! that one's can be copied instead. The victim is then quarantined until neither checkpoint
+//! recovery may start from references it (two checkpoints later: see `segments`).
 //!
 //! A failed round (e.g. the backing store refuses write-back) is retried after an exponential
 //! backoff, 100 ms doubling to 5 s, reset by a round that succeeds; dirty blocks stay meanwhile.
@@ -84,11 +90,8 @@ fn needs_reclaim(e: &Engine) -> bool {
 /// quarantined ones become free (two checkpoints, when one is not enough: see `segments`).
 pub(crate) fn reclaim_until_target(e: &Engine) -> io::Result<()> {
     let _turn = e.reclaim_turn.lock();
-    // Copying forward costs log space too (and a segment sealed early wastes some): once a round
-    // has copied half the cache without reaching its target, it only writes back and evicts,
-    // which always frees whole segments.
     let geo = e.geo;
-    let mut copy_budget = geo.segment_count as u64 * geo.blocks_per_segment() as u64 / 2;
+    let mut copy_budget = CopyBudget::for_round(geo.segment_count, geo.blocks_per_segment());
     loop {
         if e.reclaim.stopping() {
             // Closing: the final checkpoint and the next start take it from here.
@@ -96,10 +99,24 @@ pub(crate) fn reclaim_until_target(e: &Engine) -> io::Result<()> {
         }
         let (free, quarantined, victim) = {
             let st = e.state.read();
+            let free = st.segs.free_count();
+            // Compaction copies up to half a segment: only with a free segment to copy into and
+            // that much of the round's budget left.
+            let compact_pct =
+                if free > 0 && copy_budget.compact >= u64::from(geo.blocks_per_segment() / 2) {
+                    e.tunables.reclaim_compact_pct()
+                } else {
+                    0
+                };
             (
-                st.segs.free_count(),
+                free,
                 st.segs.quarantined_count(),
-                choose_victim(&st.segs, e.reclaim_policy(), e.geo.blocks_per_segment()),
+                choose_victim(
+                    &st.segs,
+                    e.reclaim_policy(),
+                    compact_pct,
+                    geo.blocks_per_segment(),
+                ),
             )
         };
         if free + quarantined >= e.reclaim_target() {
@@ -127,18 +144,76 @@ pub(crate) fn reclaim_until_target(e: &Engine) -> io::Result<()> {
     Ok(())
 }
 
-/// The policy's victim, unless it holds dirty blocks and is more than half live: emptying it
-/// would mean writing them back (a slow backing store's seeks, with clients waiting), so the
-/// sparsest segment goes first if it is at most half live (its dirty blocks can be copied
-/// forward). Clean blocks follow the policy; dirty ones are garbage-collected.
-fn choose_victim(segs: &crate::segments::Segments, policy: ReclaimPolicy, bps: u32) -> Option<u32> {
+/// A segment to empty, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Victim {
+    segment: u32,
+    /// Copy every live block forward (garbage collection), rather than evict by the policy.
+    compact: bool,
+}
+
+/// The sparsest segment while it is at most `compact_pct` live (compaction: nothing is evicted
+/// while garbage can be collected at a cost of at most half a segment's copying), else the
+/// policy's victim, unless that one holds dirty blocks and is more than a quarter live: emptying
+/// it would mean writing them back (a slow backing store's seeks, with clients waiting), so the
+/// sparsest segment goes first if it is at most a quarter live (its dirty blocks can be copied
+/// forward).
+fn choose_victim(
+    segs: &crate::segments::Segments,
+    policy: ReclaimPolicy,
+    compact_pct: u32,
+    bps: u32,
+) -> Option<Victim> {
     let pick = segs.pick_victim(policy)?;
-    if segs.dirty(pick) == 0 || segs.live(pick) <= max_dirty_copy(bps) {
-        return Some(pick);
+    let sparsest = segs.sparsest_sealed();
+    if let Some(s) = sparsest.filter(|_| compact_pct > 0) {
+        if u64::from(segs.live(s)) * 100 <= u64::from(bps) * u64::from(compact_pct.min(50)) {
+            return Some(Victim {
+                segment: s,
+                compact: true,
+            });
+        }
     }
-    match segs.sparsest_sealed() {
-        Some(s) if segs.live(s) <= max_dirty_copy(bps) => Some(s),
-        _ => Some(pick),
+    let segment = if segs.dirty(pick) == 0 || segs.live(pick) <= max_dirty_copy(bps) {
+        pick
+    } else {
+        match sparsest {
+            Some(s) if segs.live(s) <= max_dirty_copy(bps) => s,
+            _ => pick,
+        }
+    };
+    Some(Victim {
+        segment,
+        compact: false,
+    })
+}
+
+/// Blocks a reclaim round may still copy forward. Copying costs log space too (and a segment
+/// sealed early wastes some): once a round has copied half the cache from policy victims without
+/// reaching its target, it only writes back and evicts them, which always frees whole segments.
+/// Compaction has its own allowance, the whole cache: each compacted victim frees at least half a
+/// segment, so under sustained writes (a round that lasts) it goes on collecting garbage instead
+/// of evicting, and the bound only keeps a round finite.
+struct CopyBudget {
+    policy: u64,
+    compact: u64,
+}
+
+impl CopyBudget {
+    fn for_round(segment_count: u32, blocks_per_segment: u32) -> CopyBudget {
+        let capacity = u64::from(segment_count) * u64::from(blocks_per_segment);
+        CopyBudget {
+            policy: capacity / 2,
+            compact: capacity,
+        }
+    }
+
+    fn left(&mut self, compact: bool) -> &mut u64 {
+        if compact {
+            &mut self.compact
+        } else {
+            &mut self.policy
+        }
     }
 }
 
@@ -149,26 +224,38 @@ fn max_dirty_copy(bps: u32) -> u32 {
 }
 
 /// Empties one sealed segment and quarantines it.
-pub(crate) fn reclaim_segment(e: &Engine, victim: u32, copy_budget: &mut u64) -> io::Result<()> {
+fn reclaim_segment(e: &Engine, victim: Victim, budget: &mut CopyBudget) -> io::Result<()> {
+    let Victim {
+        segment: victim,
+        compact,
+    } = victim;
+    let copy_budget = budget.left(compact);
     let geo = e.geo;
     let first = geo.first_slot(victim);
     let bps = geo.blocks_per_segment();
 
     // 1. Dirty blocks are copied forward while the cache has room for dirty data and the victim
-    //    is mostly garbage: random writes to a working set that fits the cache then never wait
-    //    for the backing store (writing a victim's scattered dirty blocks back to a slow disk,
-    //    one seek each, stalled clients for seconds per segment). Otherwise, or if copying fails
-    //    for lack of room, they are written back first (never dropped).
+    //    is mostly garbage (at most a quarter live; at most half when compacting): random writes
+    //    to a working set that fits the cache then never wait for the backing store (writing a
+    //    victim's scattered dirty blocks back to a slow disk, one seek each, stalled clients for
+    //    seconds per segment). Otherwise, or if copying fails for lack of room, they are written
+    //    back first (never dropped).
     let room = if e.state.read().segs.free_count() == 0 {
         0
     } else {
         (bps as usize / 2).min(*copy_budget as usize)
     };
+    // A compaction victim is copied whole or left alone: the log may have taken the free
+    // segment it was chosen for (the loop then checkpoints, or evicts by the policy).
+    if compact && (e.state.read().segs.live(victim) as usize) > room {
+        return Ok(());
+    }
     let dirty_here: Vec<DirtyBlock> = {
         let st = e.state.read();
         let dirty_room = st.segs.total_dirty() <= max_dirty_blocks(e);
         let live = st.segs.live(victim);
-        if dirty_room && live <= max_dirty_copy(bps) && live as usize <= room {
+        let sparse = compact || live <= max_dirty_copy(bps);
+        if dirty_room && sparse && live as usize <= room {
             st.index
                 .slots_in(first, bps)
                 .filter(|(_, i)| i.dirty)
@@ -178,7 +265,7 @@ pub(crate) fn reclaim_segment(e: &Engine, victim: u32, copy_budget: &mut u64) ->
             Vec::new()
         }
     };
-    copy_forward_unless_full(e, victim, &dirty_here)?;
+    let mut out_of_room = copy_forward_unless_full(e, victim, &dirty_here)?;
     cleaner::clean_pass(
         e,
         |st| {
@@ -191,23 +278,28 @@ pub(crate) fn reclaim_segment(e: &Engine, victim: u32, copy_budget: &mut u64) ->
         None,
     )?;
 
-    // 2. Recently read blocks are copied forward (LRU), up to half a segment in all, so every
-    //    victim frees at least half a segment even when all of it was read recently (a hot set
-    //    larger than the cache), and none when no free segment is left to copy into.
+    // 2. Clean blocks are copied forward: all of them when compacting, else those read since
+    //    they were written (LRU), up to half a segment in all, so every victim frees at least
+    //    half a segment even when all of it was read recently (a hot set larger than the cache),
+    //    and none when no free segment is left to copy into.
     *copy_budget -= dirty_here.len() as u64;
     let room = room.saturating_sub(dirty_here.len());
-    if room > 0 && e.reclaim_policy() == ReclaimPolicy::Lru {
+    if room > 0 && (compact || e.reclaim_policy() == ReclaimPolicy::Lru) {
         let keep: Vec<DirtyBlock> = {
             let st = e.state.read();
             st.index
                 .slots_in(first, bps)
-                .filter(|(_, i)| !i.dirty && i.referenced)
+                .filter(|(_, i)| !i.dirty && (compact || i.referenced))
                 .map(|(slot, i)| DirtyBlock { lba: i.lba, slot })
                 .take(room)
                 .collect()
         };
         *copy_budget -= keep.len() as u64;
-        copy_forward_unless_full(e, victim, &keep)?;
+        out_of_room |= copy_forward_unless_full(e, victim, &keep)?;
+    }
+    if compact && out_of_room {
+        // Compaction evicts nothing: what did not move waits for the next victim choice.
+        return Ok(());
     }
 
     // 3. Every clean block still in the victim is evicted; eviction needs no log space.
@@ -229,6 +321,9 @@ pub(crate) fn reclaim_segment(e: &Engine, victim: u32, copy_budget: &mut u64) ->
     if st.segs.live(victim) == 0 {
         st.segs.quarantine(victim);
         Stats::add(&e.stats.reclaimed_segments, 1);
+        if compact {
+            Stats::add(&e.stats.compacted_segments, 1);
+        }
         return Ok(());
     }
     // Left: blocks that are dirty again because their write-back failed.
@@ -245,13 +340,14 @@ fn max_dirty_blocks(e: &Engine) -> u64 {
     capacity / 4 * 3
 }
 
-/// Copies `blocks` forward; running out of room is not an error (what did not move is then
-/// written back or evicted like the rest of the victim).
-fn copy_forward_unless_full(e: &Engine, victim: u32, blocks: &[DirtyBlock]) -> io::Result<()> {
-    if move_forward(e, blocks)? == Moved::OutOfRoom {
+/// Copies `blocks` forward; running out of room (returned as `true`) is not an error: what did
+/// not move is then written back or evicted like the rest of the victim, or left in it.
+fn copy_forward_unless_full(e: &Engine, victim: u32, blocks: &[DirtyBlock]) -> io::Result<bool> {
+    let out_of_room = move_forward(e, blocks)? == Moved::OutOfRoom;
+    if out_of_room {
         tracing::debug!(segment = victim, "no room to copy blocks forward");
     }
-    Ok(())
+    Ok(out_of_room)
 }
 
 /// Reads the slots from `first` on (one segment's) into `buf` in one request and checks `blocks`
@@ -353,4 +449,79 @@ enum Moved {
     All,
     /// The reserve ran out: what did not move is written back or evicted with the victim.
     OutOfRoom,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::segments::Segments;
+
+    /// Four sealed segments of 16 blocks, opened in order, with these live blocks (the first
+    /// `dirty` of each dirty).
+    fn sealed(live: [u32; 4], dirty: [u32; 4]) -> Segments {
+        let mut segs = Segments::new(4, 16);
+        for (seg, (&n, &d)) in live.iter().zip(&dirty).enumerate() {
+            assert_eq!(segs.open_next(seg as u64), Some(seg as u32));
+            for i in 0..n {
+                segs.on_map(seg as u32 * 16 + i, i < d);
+            }
+            segs.seal_head();
+        }
+        segs
+    }
+
+    fn victim(segment: u32, compact: bool) -> Option<Victim> {
+        Some(Victim { segment, compact })
+    }
+
+    #[test]
+    fn the_sparsest_segment_is_compacted_while_it_is_at_most_the_threshold_live() {
+        let segs = sealed([12, 8, 9, 16], [0; 4]);
+        // 8 of 16 is 50%: compacted, whatever the policy.
+        for policy in [ReclaimPolicy::Fifo, ReclaimPolicy::Lru] {
+            assert_eq!(choose_victim(&segs, policy, 50, 16), victim(1, true));
+        }
+        // Above the threshold, or with compaction off: the policy's victim (the oldest), evicted.
+        assert_eq!(
+            choose_victim(&segs, ReclaimPolicy::Fifo, 40, 16),
+            victim(0, false)
+        );
+        assert_eq!(
+            choose_victim(&segs, ReclaimPolicy::Fifo, 0, 16),
+            victim(0, false)
+        );
+        // The threshold is capped at half: compacting a fuller segment could free too little.
+        let full = sealed([12, 9, 10, 16], [0; 4]);
+        assert_eq!(
+            choose_victim(&full, ReclaimPolicy::Fifo, 90, 16),
+            victim(0, false)
+        );
+    }
+
+    #[test]
+    fn without_compaction_a_dirty_victim_gives_way_to_a_segment_a_quarter_live() {
+        let segs = sealed([12, 4, 9, 16], [6, 0, 0, 0]);
+        assert_eq!(
+            choose_victim(&segs, ReclaimPolicy::Fifo, 0, 16),
+            victim(1, false)
+        );
+        let clean = sealed([12, 4, 9, 16], [0; 4]);
+        assert_eq!(
+            choose_victim(&clean, ReclaimPolicy::Fifo, 0, 16),
+            victim(0, false)
+        );
+    }
+
+    #[test]
+    fn an_empty_segment_goes_first() {
+        let segs = sealed([12, 8, 0, 16], [0; 4]);
+        assert_eq!(
+            choose_victim(&segs, ReclaimPolicy::Fifo, 0, 16),
+            victim(2, false)
+        );
+        assert_eq!(
+            choose_victim(&segs, ReclaimPolicy::Lru, 50, 16),
+            victim(2, true)
+        );
+    }
 }

@@ -62,10 +62,13 @@ counters! {
     bypassed_write_blocks,
     /// Clean blocks dropped by reclaim.
     evicted_blocks,
-    /// Blocks copied forward by reclaim (recently read, or dirty).
+    /// Blocks copied forward by reclaim (compacted, recently read, or dirty).
     moved_blocks,
     /// Segments reclaim emptied.
     reclaimed_segments,
+    /// Segments reclaim emptied by copying all their blocks forward instead of evicting any
+    /// (compaction, `reclaim_compact_pct`); included in reclaimed_segments.
+    compacted_segments,
     /// Dirty blocks written back to the backing store.
     cleaned_blocks,
     /// Writes to the backing store by the cleaner (after coalescing).
@@ -76,6 +79,9 @@ counters! {
     /// Times reclaim or the background cleaner retried after a write-back failed on the backing
     /// store (with backoff; the dirty blocks stay in the cache).
     writeback_retries,
+    /// Log slots left unused (the seal's included) when the log sealed a segment early because
+    /// the next batch did not fit its rest: space lost until reclaim empties the segment.
+    sealed_unused_blocks,
     /// Log batches written to the cache device.
     batches,
     /// Records in those batches.

@@ -186,8 +186,20 @@ const DEFS: &[Param] = &[
         name: "reclaim_policy",
         choice: ReclaimPolicy["fifo" | "lru"],
         default: "lru",
-        doc: "Which segment reclaim empties first when the cache is full: fifo (the oldest) or lru \
-              (the least recently read; blocks read since they were cached are copied forward).",
+        doc: "Which segment reclaim empties, evicting what it holds, once no segment is sparse \
+              enough to compact (reclaim_compact_pct): fifo (the oldest) or lru (the least \
+              recently read; blocks read since they were cached are copied forward).",
+    },
+    param! {
+        name: "reclaim_compact_pct",
+        // At most half: copying a victim forward must free at least half a segment.
+        range: 0..=50,
+        default: 50,
+        doc: "Before evicting anything, reclaim empties the sealed segment with the fewest live \
+              blocks by copying all of them forward, as long as that segment is at most this many \
+              percent live; only when every segment is fuller does it follow reclaim_policy and \
+              evict. A cache larger than its working set then keeps all of it, however scattered \
+              the garbage of overwrites. 0 = always follow reclaim_policy (evict from its victim).",
     },
     param! {
         name: "sequential_cutoff_read_kib",
@@ -347,6 +359,7 @@ const fn index(name: &str) -> usize {
 }
 
 const RECLAIM_POLICY: usize = index("reclaim_policy");
+const RECLAIM_COMPACT_PCT: usize = index("reclaim_compact_pct");
 const CUTOFF_READ_KIB: usize = index("sequential_cutoff_read_kib");
 const CUTOFF_WRITE_KIB: usize = index("sequential_cutoff_write_kib");
 const PROMOTION: usize = index("promotion");
@@ -550,6 +563,12 @@ impl Tunables {
     /// Which segment reclaim empties first.
     pub fn reclaim_policy(&self) -> ReclaimPolicy {
         ReclaimPolicy::from_code(self.get(RECLAIM_POLICY)).unwrap_or_default()
+    }
+
+    /// How live (percent) the sparsest segment may be for reclaim to copy it forward whole
+    /// instead of evicting from the policy's victim; 0 = never.
+    pub fn reclaim_compact_pct(&self) -> u32 {
+        self.get(RECLAIM_COMPACT_PCT)
     }
 
     /// Bytes a read stream may run before its misses stop being promoted; `None` = off.

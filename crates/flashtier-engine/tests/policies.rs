@@ -13,6 +13,9 @@
 //!   write-back write racing the stream's invalidation, and a write-through block awaiting its
 //!   backing flush, checked with the crash oracle); such writes keep going while other writers
 //!   wait for reclaim of a full cache (a deadlock reproducer).
+//! - `reclaim_compact_pct`: a working set under half the cache, overwritten at random until the
+//!   log has wrapped several times, is never evicted while compaction is on (every block still
+//!   hits, with its newest data); with it off, the same run evicts part of it.
 
 mod common;
 
@@ -489,4 +492,56 @@ fn writes_past_the_cutoff_make_progress_through_a_full_cache() {
         };
         assert!(c.stats().bypassed_write_blocks > 0, "{:?}", c.stats());
     }
+}
+
+/// Write-through (every cached block clean, so evictable), a 24 MiB working set written once in
+/// a 64 MiB cache, then overwritten at random with 4 KiB writes for three times the cache's size:
+/// the oldest segments are never wholly garbage, so the policy's victims hold live blocks.
+/// Returns the counters after reading the whole working set back (checking its data).
+fn overwrite_at_random(compact_pct: &str) -> StatsSnapshot {
+    let (_bdev, c) = setup(Mode::WriteThrough);
+    c.set_param("reclaim_compact_pct", compact_pct).unwrap();
+    const SET: u64 = 24 * MIB;
+    let mut want = pattern(2, SET as usize);
+    write_seq(&c, 0, &want, 64 << 10);
+    let mut rng = Rng::new(7);
+    for i in 0..3 * 64 * MIB / 4096 {
+        let at = (rng.below(SET / 4096) * 4096) as usize;
+        let data = pattern(1000 + i, 4096);
+        want[at..at + 4096].copy_from_slice(&data);
+        c.write_at(&data, at as u64, false).unwrap();
+    }
+    let before = c.stats();
+    assert!(
+        before.reclaimed_segments > 2 * 64,
+        "the log did not wrap: {before:?}"
+    );
+    read_seq_against(&c, &want, 256 << 10);
+    let mut s = c.stats();
+    s.read_miss_blocks -= before.read_miss_blocks;
+    c.close().unwrap();
+    s
+}
+
+/// Reads `want.len()` bytes from 0 in `req`-byte requests and checks them against `want`.
+fn read_seq_against(c: &Cache, want: &[u8], req: usize) {
+    for (i, chunk) in want.chunks(req).enumerate() {
+        check_read(c, (i * req) as u64, chunk);
+    }
+}
+
+#[test]
+fn compaction_keeps_a_working_set_smaller_than_the_cache() {
+    let s = overwrite_at_random("50");
+    assert_eq!(s.evicted_blocks, 0, "{s:?}");
+    assert_eq!(s.read_miss_blocks, 0, "{s:?}");
+    assert!(s.compacted_segments > 0, "{s:?}");
+}
+
+#[test]
+fn without_compaction_the_policy_evicts_part_of_it() {
+    let s = overwrite_at_random("0");
+    assert!(s.evicted_blocks > 0, "{s:?}");
+    assert!(s.read_miss_blocks > 0, "{s:?}");
+    assert_eq!(s.compacted_segments, 0, "{s:?}");
 }
