@@ -1226,6 +1226,7 @@ endurance_tbw = 600
 
 [policy]
 reclaim_policy = "fifo"
+reclaim_compact_pct = 25
 sequential_cutoff_read_kib = 1024
 sequential_cutoff_write_kib = "512"
 promotion = "nhit"
@@ -1282,6 +1283,7 @@ writeback_max_io_kib = 512
             policy,
             [
                 ("reclaim_policy", "fifo"),
+                ("reclaim_compact_pct", "25"),
                 ("sequential_cutoff_read_kib", "1024"),
                 ("sequential_cutoff_write_kib", "512"),
                 ("promotion", "nhit"),
@@ -1328,6 +1330,7 @@ writeback_max_io_kib = 512
         // with other keys, and over an existing value, loads back as set.
         let values = [
             ("reclaim_policy", "fifo"),
+            ("reclaim_compact_pct", "0"),
             ("sequential_cutoff_read_kib", "1048576"),
             ("sequential_cutoff_write_kib", "0"),
             ("promotion", "nhit"),
