@@ -199,7 +199,9 @@ const DEFS: &[Param] = &[
               blocks by copying all of them forward, as long as that segment is at most this many \
               percent live; only when every segment is fuller does it follow reclaim_policy and \
               evict. A cache larger than its working set then keeps all of it, however scattered \
-              the garbage of overwrites. 0 = always follow reclaim_policy (evict from its victim).",
+              the garbage of overwrites. Only while reclaim is ahead of the writers: once they \
+              wait for space, reclaim evicts by the policy, which frees a segment faster. 0 = \
+              always follow reclaim_policy (evict from its victim).",
     },
     param! {
         name: "sequential_cutoff_read_kib",

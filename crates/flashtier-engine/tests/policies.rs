@@ -497,7 +497,9 @@ fn writes_past_the_cutoff_make_progress_through_a_full_cache() {
 /// Write-through (every cached block clean, so evictable), a 24 MiB working set written once in
 /// a 64 MiB cache, then overwritten at random with 4 KiB writes for three times the cache's size:
 /// the oldest segments are never wholly garbage, so the policy's victims hold live blocks.
-/// Returns the counters after reading the whole working set back (checking its data).
+/// The writer lets reclaim stay ahead of it (compaction gives way to eviction once writers wait
+/// for space: a single writer to RAM would always outrun it). Returns the counters after reading
+/// the whole working set back (checking its data).
 fn overwrite_at_random(compact_pct: &str) -> StatsSnapshot {
     let (_bdev, c) = setup(Mode::WriteThrough);
     c.set_param("reclaim_compact_pct", compact_pct).unwrap();
@@ -506,6 +508,11 @@ fn overwrite_at_random(compact_pct: &str) -> StatsSnapshot {
     write_seq(&c, 0, &want, 64 << 10);
     let mut rng = Rng::new(7);
     for i in 0..3 * 64 * MIB / 4096 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while c.status().free_segments <= 3 {
+            assert!(Instant::now() < deadline, "reclaim made no room in 10 s");
+            std::thread::sleep(Duration::from_micros(200));
+        }
         let at = (rng.below(SET / 4096) * 4096) as usize;
         let data = pattern(1000 + i, 4096);
         want[at..at + 4096].copy_from_slice(&data);
