@@ -148,10 +148,6 @@ pub struct Writer {
     header: AlignedBuf,
     client_pending: VecDeque<Op>,
     client_blocked: bool,
-    /// The head segment was opened for system records from the reserve: client batches stay out
-    /// of it until the free list holds a whole reserve again (else they fill it, and reclaim's
-    /// next moves find no room and it must evict).
-    head_from_reserve: bool,
     /// The system ops of the round being processed. It swaps with the queue's (empty) system
     /// queue each round, so the two buffers rotate instead of being allocated per round; the
     /// same holds for the scratch vectors below, kept empty between uses.
@@ -389,7 +385,6 @@ impl Writer {
             // not be the one whose op makes them grow.
             client_pending: VecDeque::with_capacity(SCRATCH),
             client_blocked: false,
-            head_from_reserve: false,
             system_ops: VecDeque::with_capacity(SCRATCH),
             batch_recs: Vec::with_capacity(SCRATCH),
             entries: Vec::with_capacity(SCRATCH),
@@ -945,15 +940,7 @@ impl Writer {
             let head = self.e.state.read().segs.head;
             match head {
                 // Whatever is left after a batch (if anything) can always hold a seal.
-                Some(h) if h.used + needed <= bps => {
-                    if !system
-                        && self.head_from_reserve
-                        && self.e.state.read().segs.free_count() < RESERVE
-                    {
-                        return Err(NoSpace::Blocked);
-                    }
-                    return Ok(h);
-                }
+                Some(h) if h.used + needed <= bps => return Ok(h),
                 Some(h) => {
                     if h.used < bps {
                         self.write_seal(h).map_err(NoSpace::Failed)?;
@@ -967,7 +954,6 @@ impl Writer {
             if !system && st.segs.free_count() <= RESERVE {
                 return Err(NoSpace::Blocked);
             }
-            self.head_from_reserve = st.segs.free_count() <= RESERVE;
             if st.segs.open_next(self.next_seq).is_none() {
                 return Err(NoSpace::Blocked);
             }
@@ -1640,36 +1626,5 @@ mod tests {
         w.run_ops();
         assert!(t.wait().is_ok());
         assert_eq!(w.e.stats.sealed_unused_blocks.load(Ordering::Relaxed), 5);
-    }
-
-    #[test]
-    fn a_segment_opened_from_the_reserve_stays_closed_to_client_batches() {
-        let mut w = idle_writer();
-        let e = w.e.clone();
-        let bps = e.geo.blocks_per_segment();
-        // The free list down to the reserve, the head full.
-        {
-            let mut st = e.state.write();
-            while st.segs.free_count() > RESERVE {
-                st.segs.seal_head();
-                st.segs.open_next(w.next_seq);
-            }
-            let h = st.segs.head.unwrap();
-            st.segs.set_head(Head { used: bps, ..h });
-        }
-        // A system record opens a reserve segment and leaves most of it empty.
-        let moved = ticket();
-        let mut data = e.log.buffer(e.geo.block_size as usize);
-        data.fill(1);
-        let rec = Record::new(Kind::Move, 7, 1, Some(data)).aux(0);
-        w.system_ops.push_back(Op::Append(rec, Some(moved.clone())));
-        w.run_ops();
-        assert!(moved.wait().is_ok());
-        assert_eq!(e.state.read().segs.free_count(), RESERVE - 1);
-        // A client write would fit it, but waits for reclaim to refill the reserve.
-        let write = queue_write(&mut w, 0, 1);
-        w.run_ops();
-        assert!(w.client_blocked && !write.is_done());
-        assert_eq!(e.state.read().segs.head.unwrap().used, 2);
     }
 }
