@@ -171,9 +171,9 @@ fn choose_victim(
     compact_pct: u32,
     bps: u32,
 ) -> Option<Victim> {
-    let pick = segs.pick_victim(policy)?;
-    let sparsest = segs.sparsest_sealed();
-    if let Some(s) = sparsest.filter(|_| compact_pct > 0) {
+    if compact_pct > 0 {
+        // No sealed segment at all: nothing to empty, by any policy.
+        let s = segs.sparsest_sealed()?;
         if u64::from(segs.live(s)) * 100 <= u64::from(bps) * u64::from(compact_pct.min(50)) {
             return Some(Victim {
                 segment: s,
@@ -181,10 +181,11 @@ fn choose_victim(
             });
         }
     }
+    let pick = segs.pick_victim(policy)?;
     let segment = if segs.dirty(pick) == 0 || segs.live(pick) <= max_dirty_copy(bps) {
         pick
     } else {
-        match sparsest {
+        match segs.sparsest_sealed() {
             Some(s) if segs.live(s) <= max_dirty_copy(bps) => s,
             _ => pick,
         }
