@@ -31,8 +31,8 @@ fi
 # target:max_len. The transmission and handshake targets need room for a payload just over 64 KiB
 # (the oversized-WRITE and ERR_TOO_BIG paths); the header and payload parsers need a 4 KiB name;
 # on_device needs a selector byte and two 4 KiB superblock copies, and gets room for a checkpoint
-# body of a few hundred entries.
-targets=(request_header:8192 handshake:70000 transmission:70000 on_device:16384)
+# body of a few hundred entries; memcached_reply needs room for two values of a block and a header.
+targets=(request_header:8192 handshake:70000 transmission:70000 on_device:16384 memcached_reply:16384)
 per_target=$((seconds / ${#targets[@]}))
 ((per_target >= 5)) || per_target=5
 

@@ -30,6 +30,7 @@ packages=(
     dpkg-dev        # dpkg-shlibdeps: the package's Depends (cargo-deb's $auto)
     binutils        # strip, for the packaged binary
     systemd         # systemd-analyze verify of the packaged unit
+    memcached       # the remote memory tier's tests and benchmarks run real servers
     prometheus      # promtool: the alert rules load and fire (installed without starting it)
 )
 missing=()

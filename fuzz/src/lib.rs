@@ -7,6 +7,7 @@
 
 pub mod client;
 pub mod handshake;
+pub mod memcached_reply;
 pub mod on_device;
 pub mod quirky;
 pub mod request_header;

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::controller::{Attached, ParamRow};
-use crate::protocol::{NameValue, Request, Response, Setting};
-use crate::report::Report;
+use crate::protocol::{MemcachedRequest, NameValue, Request, Response, Setting};
+use crate::report::{MemcachedReport, Report};
 use crate::trace::TraceStatus;
 
 /// A reply taking longer than this means the server is stuck; say so instead of hanging.
@@ -251,5 +251,11 @@ impl Client {
         v.get("forgotten")
             .and_then(|m| m.as_u64())
             .ok_or_else(|| self.protocol("no forgotten in the answer"))
+    }
+
+    /// Operates the memcached tier (list, add or remove a server, change its mode, turn it on
+    /// or off); returns the tier as it is afterwards.
+    pub fn memcached(&mut self, req: MemcachedRequest) -> Result<MemcachedReport, ClientError> {
+        self.call_as(&Request::Memcached(req))
     }
 }

@@ -82,6 +82,12 @@ pub struct ServeConfig {
     pub trace: Option<String>,
     /// The cache device's rated endurance in TB written, for the wear forecast.
     pub endurance_tbw: Option<f64>,
+    /// The memcached tier's servers, `HOST:PORT` separated by commas; none: no memcached tier.
+    pub memcached: Option<String>,
+    /// What the memcached tier stores: `inclusive` or `victim`.
+    pub memcached_mode: Option<String>,
+    /// Milliseconds a memcached request may take before its server is skipped.
+    pub memcached_timeout_ms: Option<u32>,
 }
 
 impl ServeConfig {
@@ -298,6 +304,20 @@ fn tls_mode(v: &str) -> Option<String> {
 
 fn mode(v: &str) -> Option<String> {
     Mode::from_str(v).ok().map(|m| m.name().to_string())
+}
+
+fn memcached_servers(v: &str) -> Option<String> {
+    let servers: Vec<&str> = v.split(',').map(str::trim).collect();
+    servers
+        .iter()
+        .all(|s| !s.is_empty() && host_port(s).is_some())
+        .then(|| servers.join(","))
+}
+
+fn memcached_mode(v: &str) -> Option<String> {
+    v.parse::<flashtier_memcached::MemcachedMode>()
+        .ok()
+        .map(|m| m.to_string())
 }
 
 fn host_port(v: &str) -> Option<String> {
@@ -624,6 +644,57 @@ pub const SERVE_KEYS: &[KeyInfo] = &[
         kind: Kind::Positive,
         example: Example::Commented("600"),
         access: field!(endurance_tbw),
+    },
+    KeyInfo {
+        name: "memcached",
+        doc: "A pool of memcached servers as a second-level cache of clean blocks (WaffleGrid's \
+              idea), between the cache and the backing store, or in front of the backing store \
+              without {cache}. Keys are spread over the servers by consistent hashing. memcached \
+              only ever holds copies of what the backing store holds, each checked against a \
+              version this process keeps before it is used: a lost, restarted, stale or shared \
+              server costs hits, never data. Add and remove servers live with `flashtier \
+              memcached add|remove`.",
+        default: "none, no memcached tier",
+        default_is_value: false,
+        allowed: "HOST:PORT[,HOST:PORT...]",
+        value_name: "HOST:PORT,...",
+        kind: Kind::Text {
+            empty: false,
+            check: Some(memcached_servers),
+        },
+        example: Example::Commented("\"10.0.0.5:11211,10.0.0.6:11211\""),
+        access: field!(memcached),
+    },
+    KeyInfo {
+        name: "memcached_mode",
+        doc: "What the memcached tier stores: inclusive (blocks read from and written to the \
+              backing store; a hit leaves them there) or victim (blocks a faster tier evicts; a \
+              hit removes them). The tiers above do not hand their evictions down yet, so victim \
+              stores nothing for now. Change it live with `flashtier memcached mode MODE` or \
+              `flashtier set memcached_mode MODE`.",
+        default: "\"inclusive\"",
+        default_is_value: true,
+        allowed: "inclusive | victim",
+        value_name: "inclusive|victim",
+        kind: Kind::Text {
+            empty: false,
+            check: Some(memcached_mode),
+        },
+        example: Example::Default,
+        access: field!(memcached_mode),
+    },
+    KeyInfo {
+        name: "memcached_timeout_ms",
+        doc: "How long one memcached request may take. A server that fails or times out is \
+              skipped (its reads go to the backing store) and tried again after a backoff from \
+              100 ms doubling to 5 s.",
+        default: "5",
+        default_is_value: true,
+        allowed: "1..=10000",
+        value_name: "MS",
+        kind: Kind::Int { lo: 1, hi: 10000 },
+        example: Example::Default,
+        access: field!(memcached_timeout_ms),
     },
 ];
 
@@ -1223,6 +1294,9 @@ metrics_listen = ":9633"
 stats_file = "/run/flashtier/stats"
 trace = "/var/lib/flashtier/db.trace"
 endurance_tbw = 600
+memcached = "10.0.0.5:11211, 10.0.0.6:11211"
+memcached_mode = "victim"
+memcached_timeout_ms = 20
 
 [policy]
 reclaim_policy = "fifo"
@@ -1271,6 +1345,9 @@ writeback_max_io_kib = 512
             stats_file: Some("/run/flashtier/stats".into()),
             trace: Some("/var/lib/flashtier/db.trace".into()),
             endurance_tbw: Some(600.0),
+            memcached: Some("10.0.0.5:11211,10.0.0.6:11211".into()),
+            memcached_mode: Some("victim".into()),
+            memcached_timeout_ms: Some(20),
         };
         assert_eq!(c.serve, expected);
         assert_eq!(c.path, path());

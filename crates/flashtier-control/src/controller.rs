@@ -10,7 +10,13 @@
 //! [`DetachOptions`]): the exported [`Switchable`] is swapped between the cache and the backing
 //! store, and the engine counters of every released cache are kept as an offset added to the
 //! next one's, so the counters the windows sample never go backwards.
+//!
+//! A server may also have a memcached tier (`serve --memcached`), with or without a cache: it
+//! sits below the cache, so detach and attach leave it alone. Its counters join the others
+//! (`memcached_*`, `memcached_pool_*`), its mode is the live parameter `memcached_mode`, and
+//! `{"op":"memcached"}` requests add and remove its servers and turn it on and off.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -20,13 +26,17 @@ use flashtier_engine::{
     FormatOptions, Mode, ParamError, ReleaseError,
 };
 use flashtier_io::BlockDev;
+use flashtier_memcached::client::{ClientError as PoolError, Health, LatencySnapshot, ServerStats};
+use flashtier_memcached::{MemcachedMode, MemcachedTier, TierStats};
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
 use crate::histogram::HistSnapshot;
+use crate::protocol::MemcachedRequest;
 use crate::report::{
-    read_hit_pct, write_hit_pct, CacheStatus, Derived, JobReport, LatencyReport, Ordered, Report,
-    StatusReport, Wear, LATENCY_BUCKETS_US,
+    read_hit_pct, write_hit_pct, CacheStatus, Derived, JobReport, LatencyReport, MemcachedLatency,
+    MemcachedReport, MemcachedServerCounters, MemcachedServerReport, MemcachedTierCounters,
+    Ordered, Report, StatusReport, Wear, LATENCY_BUCKETS_US,
 };
 use crate::scrub_job::{ScrubError, Scrubber};
 use crate::switch::Switchable;
@@ -53,6 +63,9 @@ pub type OpenDeviceFn = Box<
 
 /// The values `mode` accepts, as shown in errors and `get --all`.
 pub const MODES: &str = "writeback | writethrough | writearound | passthrough";
+
+/// The live parameter of the memcached tier: what it stores.
+pub const MEMCACHED_MODE: &str = "memcached_mode";
 
 /// Why a control request was refused.
 #[derive(Debug, thiserror::Error)]
@@ -160,6 +173,35 @@ pub enum ControlError {
         /// The exported device's size, in bytes.
         size: u64,
     },
+    /// A memcached request (or `memcached_mode`) to a server started without a memcached tier.
+    #[error(
+        "this server has no memcached tier; start `flashtier serve` with --memcached \
+         HOST:PORT[,...]"
+    )]
+    NoMemcached,
+    /// The pool refused to add or remove a server (a duplicate, one not in the pool, an address
+    /// that does not parse or resolve).
+    // The cause is part of the message: it travels to the CLI as text over the socket.
+    #[error("cannot {action} a memcached server: {cause}")]
+    MemcachedServer {
+        /// `add` or `remove`.
+        action: &'static str,
+        /// The address as given.
+        server: String,
+        /// The pool's reason.
+        cause: PoolError,
+    },
+    /// Not a memcached mode; the message (the tier's) names the allowed values.
+    #[error("{0}")]
+    BadMemcachedMode(String),
+    /// `--persist` asked for `memcached_mode`, which is a `[serve]` option of the config file
+    /// (read at start), not a `[policy]` parameter.
+    #[error(
+        "memcached_mode is not saved by --persist (nothing was changed): set it live without \
+         --persist, and edit `memcached_mode` in the [serve] section of the config file to keep \
+         it across restarts"
+    )]
+    MemcachedModePersist,
     /// A system call failed: binding the control socket, writing the stats file, spawning a
     /// job's thread.
     #[error(transparent)]
@@ -184,6 +226,8 @@ pub struct ControllerOptions {
     pub persist: Option<PersistFn>,
     /// What detach and attach need; `None`: they are refused.
     pub detach: Option<DetachOptions>,
+    /// The memcached tier below the cache (or exported itself), if the server has one.
+    pub memcached: Option<Arc<MemcachedTier>>,
 }
 
 /// What `detach` and `attach` work with.
@@ -262,6 +306,37 @@ fn add_counters(mut counters: Counters, offset: &Counters) -> Counters {
         }
     }
     counters
+}
+
+/// The tier's counters, as the report names them.
+fn tier_counters(s: &TierStats) -> MemcachedTierCounters {
+    MemcachedTierCounters {
+        lookup_blocks: s.lookup_blocks,
+        hit_blocks: s.hit_blocks,
+        miss_blocks: s.miss_blocks,
+        stale_values: s.stale_values,
+        corrupt_values: s.corrupt_values,
+        stored_blocks: s.stored_blocks,
+        store_failures: s.store_failures,
+        removed_blocks: s.removed_blocks,
+        bypassed_requests: s.bypassed_requests,
+    }
+}
+
+/// The counters of a server's statistics (its latency apart).
+fn server_counters(s: &ServerStats) -> MemcachedServerCounters {
+    MemcachedServerCounters {
+        gets: s.gets,
+        hits: s.hits,
+        misses: s.misses,
+        sets: s.sets,
+        deletes: s.deletes,
+        read_bytes: s.bytes_read,
+        written_bytes: s.bytes_written,
+        errors: s.errors,
+        timeouts: s.timeouts,
+        skipped: s.skipped,
+    }
 }
 
 /// One row of `get --all`.
@@ -360,6 +435,10 @@ pub struct Controller {
     /// Held from checking a change of parameters to applying it (persisting in between), so
     /// two control clients cannot interleave and leave a file or a cache neither checked.
     setting: Mutex<()>,
+    memcached: Option<Arc<MemcachedTier>>,
+    /// Each memcached server's statistics at the last reset-stats (the pool's only grow, as the
+    /// engine's do); a server added since has none and counts from zero.
+    pool_baseline: Mutex<HashMap<String, ServerStats>>,
 }
 
 impl Controller {
@@ -385,6 +464,8 @@ impl Controller {
             job: Arc::default(),
             scrub: Arc::default(),
             setting: Mutex::new(()),
+            memcached: opts.memcached,
+            pool_baseline: Mutex::default(),
         };
         let raw = c.raw_counters();
         *c.sampler.lock() = Sampler::new(0, &raw);
@@ -406,6 +487,11 @@ impl Controller {
         }
     }
 
+    /// The memcached tier, or the error saying how to get one.
+    fn need_memcached(&self) -> Result<&Arc<MemcachedTier>, ControlError> {
+        self.memcached.as_ref().ok_or(ControlError::NoMemcached)
+    }
+
     fn now_secs(&self) -> u64 {
         self.started.elapsed().as_secs()
     }
@@ -415,6 +501,21 @@ impl Controller {
     fn raw_counters(&self) -> Counters {
         let mut c = self.att.read().engine_counters();
         c.extend(self.lat.counters());
+        if let Some(tier) = &self.memcached {
+            let counters = tier_counters(&tier.stats());
+            c.extend(
+                MemcachedTierCounters::NAMES
+                    .into_iter()
+                    .zip(counters.values()),
+            );
+            // Removed servers included, so the totals never go back.
+            let pool = server_counters(&tier.pool().totals());
+            c.extend(
+                MemcachedServerCounters::POOL_NAMES
+                    .into_iter()
+                    .zip(pool.values()),
+            );
+        }
         c
     }
 
@@ -431,6 +532,14 @@ impl Controller {
         let raw = self.raw_counters();
         self.sampler.lock().restart(self.now_secs(), &raw);
         *self.lat_baseline.lock() = Op::ALL.iter().map(|&op| self.lat.histogram(op)).collect();
+        if let Some(tier) = &self.memcached {
+            *self.pool_baseline.lock() = tier
+                .pool()
+                .servers()
+                .into_iter()
+                .map(|s| (s.addr, s.stats))
+                .collect();
+        }
         tracing::info!("statistics reset");
     }
 
@@ -453,6 +562,7 @@ impl Controller {
             used_pct: cache_status.map(|c| c.used_pct),
         };
         let wear = self.wear(now, &raw);
+        let memcached = self.memcached_report(&counters);
         Report {
             status,
             job: self.job_report(),
@@ -467,14 +577,75 @@ impl Controller {
                 .collect(),
             latency: self.latency_report(),
             wear,
-            params: match self.cache() {
-                Some(c) => c.params().into_iter().map(|(p, v)| (p.name, v)).collect(),
-                None => Ordered::default(),
-            },
+            memcached,
+            params: self.param_values(),
             generated_unix_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
         }
+    }
+
+    /// Every live parameter's value: the cache's, then `memcached_mode`.
+    fn param_values(&self) -> Ordered<String> {
+        let mut params: Ordered<String> = match self.cache() {
+            Some(c) => c.params().into_iter().map(|(p, v)| (p.name, v)).collect(),
+            None => Ordered::default(),
+        };
+        if let Some(tier) = &self.memcached {
+            params
+                .0
+                .push((MEMCACHED_MODE.into(), tier.mode().to_string()));
+        }
+        params
+    }
+
+    /// The memcached tier's part of the report; `counters` are the report's (since the last
+    /// reset), so the tier's and the pool's figures are the same numbers as theirs.
+    fn memcached_report(&self, counters: &Ordered<u64>) -> Option<MemcachedReport> {
+        let tier = self.memcached.as_ref()?;
+        let baseline = self.pool_baseline.lock();
+        let now = Instant::now();
+        let servers = tier
+            .pool()
+            .servers()
+            .into_iter()
+            .map(|s| {
+                let stats = match baseline.get(&s.addr) {
+                    Some(base) => s.stats.sub(base),
+                    None => s.stats,
+                };
+                let (health, down_secs, retry_in_secs, last_error) = match s.health {
+                    Health::Up => ("up", None, None, None),
+                    Health::Down {
+                        since,
+                        retry_at,
+                        last_error,
+                    } => (
+                        "down",
+                        Some(now.saturating_duration_since(since).as_secs_f64()),
+                        Some(retry_at.saturating_duration_since(now).as_secs_f64()),
+                        Some(last_error),
+                    ),
+                };
+                MemcachedServerReport {
+                    health: health.into(),
+                    down_secs,
+                    retry_in_secs,
+                    last_error,
+                    counters: server_counters(&stats),
+                    latency: server_latency(&stats.latency),
+                    addr: s.addr,
+                }
+            })
+            .collect();
+        drop(baseline);
+        Some(MemcachedReport {
+            enabled: tier.enabled(),
+            mode: tier.mode().to_string(),
+            tier: MemcachedTierCounters::from_counters(counters),
+            pool: MemcachedServerCounters::pool_from_counters(counters),
+            servers,
+        })
     }
 
     fn status_report(&self, now: u64) -> StatusReport {
@@ -621,8 +792,11 @@ impl Controller {
         })
     }
 
-    /// The current value of a parameter or `mode`.
+    /// The current value of a parameter, `mode` or `memcached_mode`.
     pub fn get(&self, name: &str) -> Result<String, ControlError> {
+        if name.trim() == MEMCACHED_MODE {
+            return Ok(self.need_memcached()?.mode().to_string());
+        }
         let cache = self.need_cache()?;
         if name == "mode" {
             return Ok(cache.mode().to_string());
@@ -632,8 +806,13 @@ impl Controller {
 
     /// Sets a parameter live (for `mode`: starts the switch). With `persist`, the config file is
     /// written first, so a value is never live-but-lost or saved-but-refused. Returns the value
-    /// as stored.
+    /// as stored. `memcached_mode` needs no cache, and refuses `persist`.
     pub fn set(&self, name: &str, value: &str, persist: bool) -> Result<String, ControlError> {
+        if name.trim() == MEMCACHED_MODE {
+            let mode = self.check_memcached_mode(value, persist)?;
+            self.apply_memcached_mode(mode);
+            return Ok(mode.to_string());
+        }
         let cache = self.need_cache()?;
         if name == "mode" {
             let mode = parse_mode(value)?;
@@ -647,20 +826,74 @@ impl Controller {
     /// Sets several parameters at once: checked together (each value, then values that
     /// constrain each other against the rest of the current values), persisted together with
     /// `persist`, applied together; all or nothing. Returns `(name, value as stored)` for each.
-    /// `mode` is refused here: it starts a job, not a setting.
+    /// `mode` is refused here: it starts a job, not a setting. `memcached_mode` may be among
+    /// them (it cannot fail once checked, so it is applied last).
     pub fn set_many(
         &self,
         settings: &[(String, String)],
         persist: bool,
     ) -> Result<Vec<(String, String)>, ControlError> {
-        let cache = self.need_cache()?;
-        if settings.iter().any(|(n, _)| n == "mode") {
-            if let [(_, mode)] = settings {
-                return Ok(vec![("mode".into(), self.set("mode", mode, persist)?)]);
+        let is_memcached = |n: &str| n.trim() == MEMCACHED_MODE;
+        let memcached = settings
+            .iter()
+            .filter(|(n, _)| is_memcached(n))
+            .map(|(_, v)| self.check_memcached_mode(v, persist))
+            .collect::<Result<Vec<_>, _>>()?;
+        let rest: Vec<(String, String)> = settings
+            .iter()
+            .filter(|(n, _)| !is_memcached(n))
+            .cloned()
+            .collect();
+        let mut set = if rest.is_empty() {
+            Vec::new()
+        } else {
+            let cache = self.need_cache()?;
+            if rest.iter().any(|(n, _)| n == "mode") {
+                match &rest[..] {
+                    [(_, mode)] if memcached.is_empty() => {
+                        return Ok(vec![("mode".into(), self.set("mode", mode, persist)?)]);
+                    }
+                    _ => return Err(ControlError::ModeWithOthers),
+                }
             }
-            return Err(ControlError::ModeWithOthers);
+            self.set_params(&cache, &rest, persist)?
         }
-        self.set_params(&cache, settings, persist)
+        .into_iter();
+        // The last value given wins, as for the engine's parameters.
+        if let Some(&mode) = memcached.last() {
+            self.apply_memcached_mode(mode);
+        }
+        // In the order given.
+        Ok(settings
+            .iter()
+            .filter_map(|(n, _)| match memcached.last() {
+                Some(mode) if is_memcached(n) => Some((MEMCACHED_MODE.into(), mode.to_string())),
+                _ => set.next(),
+            })
+            .collect())
+    }
+
+    /// `value` as a memcached mode, if this server has a tier and `persist` is not asked.
+    fn check_memcached_mode(
+        &self,
+        value: &str,
+        persist: bool,
+    ) -> Result<MemcachedMode, ControlError> {
+        self.need_memcached()?;
+        if persist {
+            return Err(ControlError::MemcachedModePersist);
+        }
+        value.trim().parse().map_err(ControlError::BadMemcachedMode)
+    }
+
+    fn apply_memcached_mode(&self, mode: MemcachedMode) {
+        if let Some(tier) = &self.memcached {
+            let from = tier.mode();
+            tier.set_mode(mode);
+            if from != mode {
+                tracing::info!("memcached_mode {from} -> {mode}");
+            }
+        }
     }
 
     fn set_params(
@@ -706,9 +939,31 @@ impl Controller {
         Ok(())
     }
 
-    /// Every parameter, `mode` first, with value, default and allowed values.
+    /// Every parameter, `mode` first and `memcached_mode` last, with value, default and allowed
+    /// values. Without a cache, only `memcached_mode` (an error without a tier either).
     pub fn params(&self) -> Result<Vec<ParamRow>, ControlError> {
-        let cache = self.need_cache()?;
+        let mut rows = match (self.need_cache(), &self.memcached) {
+            (Ok(cache), _) => self.cache_params(&cache),
+            (Err(_), Some(_)) => Vec::new(),
+            (Err(e), None) => return Err(e),
+        };
+        if let Some(tier) = &self.memcached {
+            rows.push(ParamRow {
+                name: MEMCACHED_MODE.into(),
+                value: tier.mode().to_string(),
+                default: MemcachedMode::default().to_string(),
+                allowed: flashtier_memcached::tier::MODES.into(),
+                doc: "What the memcached tier stores: inclusive (blocks read from and written \
+                      to the store below; a hit leaves them) or victim (blocks a faster tier \
+                      evicts; a hit removes them). Not saved by --persist: it is \
+                      `memcached_mode` in the config file's [serve]."
+                    .into(),
+            });
+        }
+        Ok(rows)
+    }
+
+    fn cache_params(&self, cache: &Cache) -> Vec<ParamRow> {
         let mut rows = vec![ParamRow {
             name: "mode".into(),
             value: cache.mode().to_string(),
@@ -725,7 +980,44 @@ impl Controller {
             allowed: p.allowed.into(),
             doc: p.doc.into(),
         }));
-        Ok(rows)
+        rows
+    }
+
+    /// Answers a `{"op":"memcached"}` request: does what it asks, then reports the tier.
+    pub fn memcached(&self, req: MemcachedRequest) -> Result<MemcachedReport, ControlError> {
+        let tier = self.need_memcached()?;
+        let server_err = |action, server: &str| {
+            let server = server.to_string();
+            move |cause| ControlError::MemcachedServer {
+                action,
+                server,
+                cause,
+            }
+        };
+        match req {
+            MemcachedRequest::List => {}
+            MemcachedRequest::Add { server } => {
+                let server = server.trim();
+                tier.pool()
+                    .add_server(server)
+                    .map_err(server_err("add", server))?;
+            }
+            MemcachedRequest::Remove { server } => {
+                let server = server.trim();
+                tier.pool()
+                    .remove_server(server)
+                    .map_err(server_err("remove", server))?;
+                // Added again later, it starts from zero.
+                self.pool_baseline.lock().remove(server);
+            }
+            MemcachedRequest::Mode { mode } => {
+                let mode = self.check_memcached_mode(&mode, false)?;
+                self.apply_memcached_mode(mode);
+            }
+            MemcachedRequest::On => turn(tier, true),
+            MemcachedRequest::Off => turn(tier, false),
+        }
+        self.report().memcached.ok_or(ControlError::NoMemcached)
     }
 
     /// Starts switching to `mode` on a background thread and returns at once; the report's
@@ -1146,7 +1438,7 @@ fn with_mode(e: ParamError) -> ControlError {
     match e {
         ParamError::Unknown { name, known } => ParamError::Unknown {
             name,
-            known: format!("mode, {known}"),
+            known: format!("mode, {known}, {MEMCACHED_MODE}"),
         }
         .into(),
         e => e.into(),
@@ -1177,6 +1469,42 @@ fn wear_counter(raw: &Counters) -> Counters {
         .collect()
 }
 
+/// Turns the memcached tier on or off, saying so in the log when that changes something.
+fn turn(tier: &MemcachedTier, on: bool) {
+    if tier.enabled() != on {
+        tier.set_enabled(on);
+        tracing::info!("memcached tier turned {}", if on { "on" } else { "off" });
+    }
+}
+
+/// The bounds of a memcached server's latency buckets in reports: the upper bounds of the
+/// pool's power-of-two buckets from 16 µs to about 16.8 s (round trips shorter or longer than
+/// that are rare, and Prometheus wants few buckets).
+const POOL_BUCKETS: std::ops::RangeInclusive<usize> = 3..=23;
+
+/// A server's latency as reported (percentiles are bucket upper bounds, as the pool rounds).
+fn server_latency(h: &LatencySnapshot) -> MemcachedLatency {
+    let count = h.count();
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
+    let mut cumulative = 0;
+    let buckets = h
+        .buckets()
+        .iter()
+        .enumerate()
+        .filter_map(|(i, &n)| {
+            cumulative += n;
+            let bound = LatencySnapshot::upper_bound(i).as_micros() as u64;
+            POOL_BUCKETS.contains(&i).then_some([bound, cumulative])
+        })
+        .collect();
+    MemcachedLatency {
+        count,
+        p50_us: (count > 0).then(|| us(h.percentile(50.0))),
+        p99_us: (count > 0).then(|| us(h.percentile(99.0))),
+        buckets,
+    }
+}
+
 fn parse_mode(s: &str) -> Result<Mode, ControlError> {
     s.trim()
         .parse::<Mode>()
@@ -1188,6 +1516,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::timed::Timed;
     use flashtier_engine::{format, BackingIdentity, FormatOptions, PARAMS};
+    use flashtier_memcached::{Pool, PoolOptions};
     use flashtier_testkit::MemDev;
 
     /// A controller over a write-back cache on memory devices (1 MiB segments, 16 MiB cache,
@@ -1227,13 +1556,68 @@ pub(crate) mod tests {
         controller(None, None)
     }
 
+    /// A memcached tier in inclusive mode over an 8 MiB memory backing store, with an empty
+    /// pool whose requests may take 200 ms (a loaded test machine, a real server).
+    pub(crate) fn tier() -> Arc<MemcachedTier> {
+        let opts = PoolOptions {
+            timeout: Duration::from_millis(200),
+            backoff_min: Duration::from_millis(20),
+            backoff_max: Duration::from_millis(200),
+            ..PoolOptions::default()
+        };
+        let pool = Arc::new(Pool::new(&[], opts).unwrap());
+        let backing = Arc::new(MemDev::new(8 << 20));
+        Arc::new(MemcachedTier::new(backing, pool, 1, MemcachedMode::Inclusive).unwrap())
+    }
+
+    /// A controller over a memcached tier ([`tier`]) without a cache, the device clients use,
+    /// and the tier.
+    pub(crate) fn memcached_only() -> (Arc<Controller>, Arc<Timed>, Arc<MemcachedTier>) {
+        let t = tier();
+        let (c, dev) = controller_with(None, None, Some(t.clone()));
+        (c, dev, t)
+    }
+
+    /// A write-back cache (as [`cached`]) over a memcached tier over the backing store, as
+    /// `serve --cache --memcached` stacks them.
+    fn memcached_under_cache(
+        persist: Option<PersistFn>,
+    ) -> (Arc<Controller>, Arc<Timed>, Arc<MemcachedTier>) {
+        let t = tier();
+        let dev = Arc::new(MemDev::new(16 << 20));
+        let ident = BackingIdentity {
+            size: 8 << 20,
+            name: "test-backing".into(),
+            fingerprint: Vec::new(),
+        };
+        let opts = FormatOptions {
+            segment_size: 1 << 20,
+            ..Default::default()
+        };
+        format(&*dev, ident.clone(), opts).unwrap();
+        let cache = Arc::new(Cache::open(dev, t.clone(), &ident, None).unwrap());
+        let (c, timed) = controller_with(Some(cache), persist, Some(t.clone()));
+        (c, timed, t)
+    }
+
     fn controller(
         cache: Option<Arc<Cache>>,
         persist: Option<PersistFn>,
     ) -> (Arc<Controller>, Arc<Timed>) {
-        let inner: Arc<dyn BlockDev> = match &cache {
-            Some(c) => c.clone(),
-            None => Arc::new(MemDev::new(8 << 20)),
+        controller_with(cache, persist, None)
+    }
+
+    /// Clients reach the cache if there is one, else the memcached tier, else an 8 MiB backing
+    /// store.
+    fn controller_with(
+        cache: Option<Arc<Cache>>,
+        persist: Option<PersistFn>,
+        memcached: Option<Arc<MemcachedTier>>,
+    ) -> (Arc<Controller>, Arc<Timed>) {
+        let inner: Arc<dyn BlockDev> = match (&cache, &memcached) {
+            (Some(c), _) => c.clone(),
+            (None, Some(t)) => t.clone(),
+            (None, None) => Arc::new(MemDev::new(8 << 20)),
         };
         let timed = Arc::new(Timed::new(inner));
         let c = Controller::new(ControllerOptions {
@@ -1245,6 +1629,7 @@ pub(crate) mod tests {
             endurance_tbw: Some(600.0),
             persist,
             detach: None,
+            memcached,
         });
         (Arc::new(c), timed)
     }
@@ -1289,6 +1674,7 @@ pub(crate) mod tests {
                 policy: vec![("promotion".into(), "nhit".into())],
                 mode: None,
             }),
+            memcached: None,
         });
         (Arc::new(c), timed, backing)
     }
@@ -2037,5 +2423,374 @@ pub(crate) mod tests {
         ] {
             assert!(e.to_string().contains("no cache"), "{e}");
         }
+    }
+
+    fn mc(c: &Controller, req: MemcachedRequest) -> Result<MemcachedReport, ControlError> {
+        c.memcached(req)
+    }
+
+    fn add(server: &str) -> MemcachedRequest {
+        MemcachedRequest::Add {
+            server: server.into(),
+        }
+    }
+
+    fn remove(server: &str) -> MemcachedRequest {
+        MemcachedRequest::Remove {
+            server: server.into(),
+        }
+    }
+
+    /// What `flashtier status` says on its `memcached` row.
+    fn memcached_row(r: &Report) -> String {
+        let status = r.render_status();
+        let row = status.lines().find_map(|l| l.strip_prefix("memcached "));
+        row.unwrap_or_else(|| panic!("no memcached row:\n{status}"))
+            .trim()
+            .to_string()
+    }
+
+    fn addrs(m: &MemcachedReport) -> Vec<&str> {
+        m.servers.iter().map(|s| s.addr.as_str()).collect()
+    }
+
+    /// Without a tier, every memcached request and `memcached_mode` say how to get one, and
+    /// nothing of memcached shows in the report.
+    #[test]
+    fn memcached_requests_without_a_tier_say_how_to_get_one() {
+        for (c, _) in [cached(None), passthrough()] {
+            for e in [
+                mc(&c, MemcachedRequest::List).unwrap_err(),
+                mc(&c, add("127.0.0.1:1")).unwrap_err(),
+                c.get(MEMCACHED_MODE).unwrap_err(),
+                c.set(MEMCACHED_MODE, "victim", false).unwrap_err(),
+                c.set_many(&[(MEMCACHED_MODE.into(), "victim".into())], false)
+                    .unwrap_err(),
+            ] {
+                assert!(matches!(e, ControlError::NoMemcached), "{e}");
+                assert_eq!(
+                    e.to_string(),
+                    "this server has no memcached tier; start `flashtier serve` with \
+                     --memcached HOST:PORT[,...]"
+                );
+            }
+            let r = c.report();
+            assert_eq!(r.memcached, None);
+            assert!(r.params.get(MEMCACHED_MODE).is_none());
+            assert!(!r.counters.iter().any(|(k, _)| k.starts_with("memcached")));
+            assert!(!r.to_prometheus().contains("memcached"));
+            assert!(!r.render_status().contains("memcached"));
+        }
+    }
+
+    /// Servers are added and removed live; what the pool refuses comes back as its reason.
+    #[test]
+    fn memcached_servers_come_and_go_and_refusals_say_why() {
+        let (c, _, t) = memcached_only();
+        let m = mc(&c, MemcachedRequest::List).unwrap();
+        assert!(
+            m.enabled && m.mode == "inclusive" && m.servers.is_empty(),
+            "{m:?}"
+        );
+
+        let m = mc(&c, add(" 127.0.0.1:1 ")).unwrap();
+        assert_eq!(addrs(&m), ["127.0.0.1:1"]);
+        let s = &m.servers[0];
+        assert_eq!(
+            (s.health.as_str(), s.down_secs, &s.last_error),
+            ("up", None, &None)
+        );
+        assert_eq!(s.counters, MemcachedServerCounters::default());
+        assert_eq!(t.pool().servers().len(), 1);
+
+        let e = mc(&c, add("127.0.0.1:1")).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "cannot add a memcached server: server 127.0.0.1:1 is already in the pool"
+        );
+        let e = mc(&c, add("no-port")).unwrap_err().to_string();
+        assert!(
+            e.starts_with("cannot add a memcached server: bad server address"),
+            "{e}"
+        );
+        let e = mc(&c, remove("127.0.0.1:2")).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "cannot remove a memcached server: server 127.0.0.1:2 is not in the pool"
+        );
+
+        mc(&c, add("127.0.0.1:2")).unwrap();
+        let m = mc(&c, remove("127.0.0.1:1")).unwrap();
+        assert_eq!(addrs(&m), ["127.0.0.1:2"]);
+        // Through the control socket's handler: the answer is the report, as JSON.
+        let v = crate::server::handle(&c, crate::protocol::Request::Memcached(add("127.0.0.1:1")))
+            .unwrap();
+        assert_eq!(v["servers"][1]["addr"], "127.0.0.1:1");
+        assert_eq!(v["servers"][1]["health"], "up");
+        assert_eq!(v["mode"], "inclusive");
+    }
+
+    /// `memcached_mode` is a live parameter without a cache; on and off switch the tier.
+    #[test]
+    fn memcached_mode_and_on_off_without_a_cache() {
+        let (c, dev, t) = memcached_only();
+        assert_eq!(c.get(MEMCACHED_MODE).unwrap(), "inclusive");
+        assert_eq!(c.set(MEMCACHED_MODE, " victim ", false).unwrap(), "victim");
+        assert_eq!(t.mode(), MemcachedMode::Victim);
+        assert_eq!(c.get(MEMCACHED_MODE).unwrap(), "victim");
+        let e = c.set(MEMCACHED_MODE, "lru", false).unwrap_err().to_string();
+        assert!(
+            e.contains("'lru'") && e.contains("inclusive | victim"),
+            "{e}"
+        );
+        let e = c.set(MEMCACHED_MODE, "inclusive", true).unwrap_err();
+        assert!(matches!(e, ControlError::MemcachedModePersist), "{e}");
+        assert!(e.to_string().contains("[serve]"), "{e}");
+        assert_eq!(t.mode(), MemcachedMode::Victim, "changed though refused");
+        let m = mc(
+            &c,
+            MemcachedRequest::Mode {
+                mode: "inclusive".into(),
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (m.mode.as_str(), t.mode()),
+            ("inclusive", MemcachedMode::Inclusive)
+        );
+        let e = mc(&c, MemcachedRequest::Mode { mode: "x".into() }).unwrap_err();
+        assert!(matches!(e, ControlError::BadMemcachedMode(_)), "{e}");
+
+        // The only parameter of a server without a cache; the cache's still need one.
+        let rows = c.params().unwrap();
+        assert_eq!(rows.len(), 1);
+        assert_eq!(
+            (
+                rows[0].name.as_str(),
+                rows[0].value.as_str(),
+                rows[0].default.as_str()
+            ),
+            (MEMCACHED_MODE, "inclusive", "inclusive")
+        );
+        assert_eq!(rows[0].allowed, "inclusive | victim");
+        assert!(matches!(
+            c.get("promotion").unwrap_err(),
+            ControlError::NoCache
+        ));
+        assert!(matches!(c.get("mode").unwrap_err(), ControlError::NoCache));
+        assert_eq!(
+            c.report().params.get(MEMCACHED_MODE).map(String::as_str),
+            Some("inclusive")
+        );
+
+        assert!(!mc(&c, MemcachedRequest::Off).unwrap().enabled);
+        assert!(!t.enabled());
+        let before = t.stats().bypassed_requests;
+        dev.read_at(&mut [0u8; 4096], 0).unwrap();
+        assert_eq!(t.stats().bypassed_requests, before + 1);
+        assert!(memcached_row(&c.report()).starts_with("inclusive, off, 0 servers"));
+        assert!(mc(&c, MemcachedRequest::On).unwrap().enabled);
+        assert!(t.enabled());
+    }
+
+    /// With a cache, `memcached_mode` joins the cache's parameters: listed last, changed with
+    /// them all or nothing, never persisted; the mode of the cache is untouched.
+    #[test]
+    fn memcached_mode_beside_the_cache_parameters() {
+        let saved = Arc::new(Mutex::new(Vec::<(String, String)>::new()));
+        let s = saved.clone();
+        let (c, _, t) =
+            memcached_under_cache(Some(Box::new(move |settings: &[(String, String)]| {
+                s.lock().extend(settings.iter().cloned());
+                Ok(())
+            })));
+        let rows = c.params().unwrap();
+        assert_eq!(rows.len(), PARAMS.len() + 2);
+        assert_eq!(rows[0].name, "mode");
+        assert_eq!(rows.last().unwrap().name, MEMCACHED_MODE);
+        assert_eq!(c.report().params.0.len(), PARAMS.len() + 1);
+
+        let pair = |nhit: &str, mode: &str| {
+            vec![
+                ("promotion_nhit".to_string(), nhit.to_string()),
+                (MEMCACHED_MODE.to_string(), mode.to_string()),
+            ]
+        };
+        assert_eq!(
+            c.set_many(&pair("3", "victim"), false).unwrap(),
+            pair("3", "victim")
+        );
+        assert_eq!(t.mode(), MemcachedMode::Victim);
+        assert_eq!(c.get("promotion_nhit").unwrap(), "3");
+        // A bad value anywhere changes nothing.
+        assert!(c.set_many(&pair("0", "inclusive"), false).is_err());
+        assert!(c.set_many(&pair("4", "bogus"), false).is_err());
+        assert_eq!(
+            (t.mode(), c.get("promotion_nhit").unwrap()),
+            (MemcachedMode::Victim, "3".into())
+        );
+        // Never half persisted.
+        let e = c.set_many(&pair("4", "inclusive"), true).unwrap_err();
+        assert!(matches!(e, ControlError::MemcachedModePersist), "{e}");
+        assert!(saved.lock().is_empty());
+        assert_eq!(c.get("promotion_nhit").unwrap(), "3");
+        // The cache's mode is another thing, and still goes alone.
+        let mut with_mode = pair("4", "inclusive");
+        with_mode[0] = ("mode".into(), "writethrough".into());
+        assert!(matches!(
+            c.set_many(&with_mode, false),
+            Err(ControlError::ModeWithOthers)
+        ));
+        assert_eq!(c.get("mode").unwrap(), "writeback");
+        let e = c.set("no_such", "1", false).unwrap_err().to_string();
+        assert!(e.contains(MEMCACHED_MODE), "{e}");
+        c.take_cache().unwrap().close().unwrap();
+    }
+
+    /// A pool whose server is down: lookups miss, the server shows down with its error in the
+    /// report, the status, the stats text and Prometheus, and reset-stats zeroes the tier's,
+    /// the pool's and the server's counters alike.
+    #[test]
+    fn a_down_memcached_server_shows_everywhere_and_resets_with_the_rest() {
+        let (c, dev, t) = memcached_only();
+        // Nothing listens on port 1: the connection is refused at once.
+        mc(&c, add("127.0.0.1:1")).unwrap();
+        let mut buf = vec![0u8; 4 << 12];
+        dev.read_at(&mut buf, 0).unwrap();
+        let r = c.report();
+        let m = r.memcached.as_ref().unwrap();
+        assert_eq!(
+            (m.tier.lookup_blocks, m.tier.miss_blocks, m.tier.hit_blocks),
+            (4, 4, 0)
+        );
+        assert_eq!(m.tier, MemcachedTierCounters::from_counters(&r.counters));
+        assert_eq!(r.counters.get("memcached_lookup_blocks"), Some(&4));
+        let s = &m.servers[0];
+        assert_eq!(s.health, "down", "{s:?}");
+        assert!(s.down_secs.is_some() && s.retry_in_secs.is_some(), "{s:?}");
+        assert!(
+            s.last_error.as_deref().is_some_and(|e| !e.is_empty()),
+            "{s:?}"
+        );
+        assert!(s.counters.errors + s.counters.timeouts >= 1, "{s:?}");
+        assert_eq!(
+            m.pool,
+            MemcachedServerCounters::pool_from_counters(&r.counters)
+        );
+        assert_eq!(m.pool.errors, s.counters.errors);
+        assert_eq!(m.servers_up(), 0);
+
+        assert_eq!(
+            memcached_row(&r),
+            "inclusive, on, 1 server (0 up, 1 down), hits 0 of 4 blocks looked up (0.0%), 0 \
+             stale, 0 corrupt"
+        );
+        let status = r.render_status();
+        assert!(status.contains("127.0.0.1:1 down "), "{status}");
+        assert!(status.contains("last error: "), "{status}");
+        let text = r.to_stats_text();
+        for line in [
+            "memcached_lookup_blocks 4",
+            "memcached_miss_blocks 4",
+            &format!("memcached_pool_errors {}", m.pool.errors),
+            "memcached_enabled true",
+            "memcached_mode inclusive",
+            "memcached_servers 1",
+            "memcached_servers_up 0",
+            "memcached_hit_pct 0.00",
+        ] {
+            assert!(text.contains(&format!("\n{line}\n")), "{line}:\n{text}");
+        }
+        let table = r.render_table();
+        assert!(table.contains("memcached hit %"), "{table}");
+        assert!(table.contains("127.0.0.1:1"), "{table}");
+        let prom = r.to_prometheus();
+        for line in [
+            "flashtier_memcached_lookup_blocks_total 4",
+            "flashtier_memcached_enabled 1",
+            "flashtier_memcached_hit_ratio 0",
+            "flashtier_memcached_server_up{server=\"127.0.0.1:1\"} 0",
+            &format!(
+                "flashtier_memcached_server_errors_total{{server=\"127.0.0.1:1\"}} {}",
+                s.counters.errors
+            ),
+            &format!("flashtier_memcached_pool_errors_total {}", m.pool.errors),
+            "flashtier_memcached_server_duration_seconds_bucket{server=\"127.0.0.1:1\",le=\"+Inf\"} 0",
+            "flashtier_param{name=\"memcached_mode\",value=\"inclusive\"} 1",
+        ] {
+            assert!(prom.contains(&format!("\n{line}\n")), "{line}:\n{prom}");
+        }
+        let json = serde_json::to_string(&r).unwrap();
+        assert_eq!(serde_json::from_str::<Report>(&json).unwrap(), r);
+
+        c.reset_stats();
+        let m = c.report().memcached.unwrap();
+        assert_eq!(m.tier, MemcachedTierCounters::default());
+        assert_eq!(m.pool, MemcachedServerCounters::default());
+        assert_eq!(m.servers[0].counters, MemcachedServerCounters::default());
+        // Removed and added again, a server counts from zero; the pool's totals go on.
+        dev.read_at(&mut buf, 0).unwrap();
+        mc(&c, remove("127.0.0.1:1")).unwrap();
+        let m = mc(&c, add("127.0.0.1:1")).unwrap();
+        assert_eq!(m.servers[0].counters, MemcachedServerCounters::default());
+        assert_eq!(m.tier.lookup_blocks, 4);
+        assert!(t.pool().totals().gets >= m.pool.gets);
+    }
+
+    /// Against a real memcached: blocks written are stored, read back as hits, and the server's
+    /// gets, hits, sets and latency are in the report and Prometheus.
+    #[test]
+    fn a_real_memcached_server_reports_hits_and_latency() {
+        let server = flashtier_testkit::memcached::Memcached::start(&["-m", "16"]);
+        let (c, dev, _t) = memcached_only();
+        mc(&c, add(&server.addr())).unwrap();
+        dev.write_at(&[5u8; 8 << 12], 0, false).unwrap();
+        let mut buf = vec![0u8; 8 << 12];
+        dev.read_at(&mut buf, 0).unwrap();
+        assert!(buf.iter().all(|&b| b == 5));
+        let r = c.report();
+        let m = r.memcached.as_ref().unwrap();
+        assert_eq!((m.tier.stored_blocks, m.tier.hit_blocks), (8, 8), "{m:?}");
+        let s = &m.servers[0];
+        assert_eq!(s.health, "up");
+        assert_eq!(
+            (s.counters.sets, s.counters.gets, s.counters.hits),
+            (8, 8, 8),
+            "{s:?}"
+        );
+        assert!(s.counters.written_bytes > 8 * 4096 && s.counters.read_bytes > 8 * 4096);
+        assert!(s.latency.count >= 2, "{s:?}");
+        let (p50, p99) = (s.latency.p50_us.unwrap(), s.latency.p99_us.unwrap());
+        assert!(p50 > 0.0 && p50 <= p99, "{s:?}");
+        let inf = s.latency.count;
+        assert!(s
+            .latency
+            .buckets
+            .windows(2)
+            .all(|w| w[0][1] <= w[1][1] && w[0][0] < w[1][0]));
+        assert_eq!(s.latency.buckets.last().unwrap()[1], inf, "all under 16 s");
+        assert!(r
+            .render_status()
+            .contains("hits 8 of 8 blocks looked up (100.0%)"));
+        let list = m.render_servers();
+        assert!(list.starts_with("server "), "{list}");
+        assert!(
+            list.contains(&server.addr()) && list.contains(" up "),
+            "{list}"
+        );
+        let prom = r.to_prometheus();
+        let addr = server.addr();
+        for line in [
+            format!("flashtier_memcached_server_up{{server=\"{addr}\"}} 1"),
+            format!("flashtier_memcached_server_hits_total{{server=\"{addr}\"}} 8"),
+            format!("flashtier_memcached_server_duration_seconds_count{{server=\"{addr}\"}} {inf}"),
+            format!(
+                "flashtier_memcached_server_duration_seconds_bucket{{server=\"{addr}\",le=\"16.777216\"}} {inf}"
+            ),
+            "flashtier_memcached_hit_ratio 1".to_string(),
+        ] {
+            assert!(prom.contains(&format!("\n{line}\n")), "{line}:\n{prom}");
+        }
+        crate::prometheus::tests::check_exposition(&prom);
     }
 }

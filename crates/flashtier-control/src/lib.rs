@@ -68,7 +68,7 @@ pub mod windows;
 pub use client::{Client, ClientError};
 pub use controller::{
     Attached, ControlError, Controller, ControllerOptions, DetachOptions, OpenDeviceFn, ParamRow,
-    PersistFn, MODES,
+    PersistFn, MEMCACHED_MODE, MODES,
 };
 pub use plane::{ControlPlane, ControlPlaneOptions};
 pub use report::Report;

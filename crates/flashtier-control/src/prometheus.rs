@@ -7,10 +7,16 @@
 //! version, mode, health and parameters are labelled info-style gauges with the value 1 (numeric
 //! parameters also as `flashtier_param_value{name}`). Gauges not always known (hit ratios before
 //! any I/O, the wear rate in the first minute) are declared without a sample until they are.
+//!
+//! With a memcached tier, its counters are counters like the others (`flashtier_memcached_*`,
+//! the pool's totals `flashtier_memcached_pool_*`), and each server has
+//! `flashtier_memcached_server_<counter>_total{server}`, `flashtier_memcached_server_up{server}`
+//! and the histogram `flashtier_memcached_server_duration_seconds{server}` (power-of-two
+//! buckets, exact; no `_sum`: the pool does not add latencies up).
 
 use std::fmt::Write as _;
 
-use crate::report::Report;
+use crate::report::{MemcachedReport, MemcachedServerCounters, Report};
 
 /// Metric names allow `[a-zA-Z_:][a-zA-Z0-9_:]*`; anything else becomes `_`.
 fn metric_name(s: &str) -> String {
@@ -81,6 +87,71 @@ impl Out {
         if let Some(v) = value {
             self.sample(name, &[], float(v));
         }
+    }
+}
+
+/// The memcached tier's gauges and its servers' series (its counters are among the report's).
+fn memcached(o: &mut Out, m: &MemcachedReport) {
+    o.gauge(
+        "flashtier_memcached_enabled",
+        "1 while the memcached tier is on (flashtier memcached on|off), else 0",
+        if m.enabled { 1.0 } else { 0.0 },
+    );
+    o.gauge_if_known(
+        "flashtier_memcached_hit_ratio",
+        "Blocks answered from memcached over blocks looked up there (0..1), since start or reset",
+        m.tier.hit_pct().map(|p| p / 100.0),
+    );
+    let name = "flashtier_memcached_server_up";
+    o.family(
+        name,
+        "gauge",
+        "1 while the memcached server is up, 0 while it is skipped as down",
+    );
+    for s in &m.servers {
+        let up = if s.health == "up" { "1" } else { "0" };
+        o.sample(name, &[("server", &s.addr)], up.into());
+    }
+    let values: Vec<[u64; 10]> = m.servers.iter().map(|s| s.counters.values()).collect();
+    for (i, field) in MemcachedServerCounters::NAMES.iter().enumerate() {
+        let name = format!("flashtier_memcached_server_{field}_total");
+        o.family(
+            &name,
+            "counter",
+            &format!(
+                "memcached {} per server, since it was added, the server started or the last \
+                 reset-stats (flashtier_memcached_pool_{field}_total: all servers, removed ones \
+                 included)",
+                field.replace('_', " ")
+            ),
+        );
+        for (s, v) in m.servers.iter().zip(&values) {
+            o.sample(&name, &[("server", &s.addr)], v[i].to_string());
+        }
+    }
+    let name = "flashtier_memcached_server_duration_seconds";
+    o.family(
+        name,
+        "histogram",
+        "memcached round trips per server, since it was added, the server started or the last \
+         reset-stats (power-of-two buckets, exact; no _sum)",
+    );
+    for s in &m.servers {
+        for &[bound_us, n] in &s.latency.buckets {
+            let le = float(bound_us as f64 / 1e6);
+            o.sample(
+                &format!("{name}_bucket"),
+                &[("server", &s.addr), ("le", &le)],
+                n.to_string(),
+            );
+        }
+        let count = s.latency.count.to_string();
+        o.sample(
+            &format!("{name}_bucket"),
+            &[("server", &s.addr), ("le", "+Inf")],
+            count.clone(),
+        );
+        o.sample(&format!("{name}_count"), &[("server", &s.addr)], count);
     }
 }
 
@@ -299,6 +370,10 @@ impl Report {
             o.sample(name, &[("op", op)], float(l.max_us / 1e6));
         }
 
+        if let Some(m) = &self.memcached {
+            memcached(&mut o, m);
+        }
+
         let w = &self.wear;
         o.gauge(
             "flashtier_wear_cache_bytes_written",
@@ -342,7 +417,7 @@ impl Report {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::controller::tests::cached;
     use flashtier_io::BlockDev;
@@ -355,12 +430,10 @@ mod tests {
     }
 
     /// Every line is a comment or `name{labels} value` with a parsable value, every sample
-    /// belongs to a family declared just before it, and counters end in `_total`.
-    #[test]
-    fn exposition_is_well_formed() {
-        let (c, dev) = cached(None);
-        dev.write_at(&[1u8; 4096], 0, false).unwrap();
-        let text = c.report().to_prometheus();
+    /// belongs to a family declared just before it, no family is declared twice, and counters
+    /// end in `_total`.
+    pub(crate) fn check_exposition(text: &str) {
+        let mut declared = std::collections::HashSet::new();
         let mut family = String::new();
         let mut kind = String::new();
         for line in text.lines() {
@@ -368,6 +441,7 @@ mod tests {
                 let mut it = rest.split(' ');
                 family = it.next().unwrap().to_string();
                 kind = it.next().unwrap().to_string();
+                assert!(declared.insert(family.clone()), "{family} declared twice");
                 continue;
             }
             if line.starts_with("# HELP ") {
@@ -381,6 +455,14 @@ mod tests {
                 assert!(name.ends_with("_total"), "{line}");
             }
         }
+    }
+
+    #[test]
+    fn exposition_is_well_formed() {
+        let (c, dev) = cached(None);
+        dev.write_at(&[1u8; 4096], 0, false).unwrap();
+        let text = c.report().to_prometheus();
+        check_exposition(&text);
         assert!(text.contains("flashtier_writes_total 1\n"), "{text}");
         assert!(text.contains("flashtier_latency_seconds_count{op=\"write\"} 1\n"));
         assert!(text
@@ -397,5 +479,43 @@ mod tests {
         // Declared even before their value is known (no rate yet), for dashboards and rules.
         assert!(text.contains("# TYPE flashtier_wear_days_to_rated_tbw gauge\n"));
         assert!(!text.contains("\nflashtier_wear_days_to_rated_tbw "));
+    }
+
+    /// With a memcached tier and a server, under a cache: the tier's and the pool's counters
+    /// are plain counters, each server has its labelled series, and it all stays well formed.
+    #[test]
+    fn memcached_series_are_well_formed() {
+        let (c, dev, _) = crate::controller::tests::memcached_only();
+        c.memcached(crate::protocol::MemcachedRequest::Add {
+            server: "127.0.0.1:1".into(),
+        })
+        .unwrap();
+        dev.read_at(&mut [0u8; 4096], 0).unwrap();
+        let text = c.report().to_prometheus();
+        check_exposition(&text);
+        for family in [
+            "flashtier_memcached_lookup_blocks_total counter",
+            "flashtier_memcached_pool_gets_total counter",
+            "flashtier_memcached_server_gets_total counter",
+            "flashtier_memcached_server_timeouts_total counter",
+            "flashtier_memcached_server_skipped_total counter",
+            "flashtier_memcached_server_up gauge",
+            "flashtier_memcached_server_duration_seconds histogram",
+            "flashtier_memcached_enabled gauge",
+        ] {
+            assert!(
+                text.contains(&format!("# TYPE {family}\n")),
+                "{family}:\n{text}"
+            );
+        }
+        // 21 bounds and +Inf.
+        let buckets = text
+            .lines()
+            .filter(|l| l.starts_with("flashtier_memcached_server_duration_seconds_bucket{"))
+            .count();
+        assert_eq!(buckets, 22, "{text}");
+        assert!(text.contains(
+            "\nflashtier_memcached_server_duration_seconds_bucket{server=\"127.0.0.1:1\",le=\"0.000016\"} 0\n"
+        ));
     }
 }

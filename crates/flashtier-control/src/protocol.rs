@@ -5,7 +5,9 @@
 //! (all or nothing: for parameters that constrain each other), `{"op":"params"}`, `{"op":"mode","mode":M}`, `{"op":"flush"}`,
 //! `{"op":"flush_cancel"}`, `{"op":"reset_stats"}`, `{"op":"detach","force":bool}`,
 //! `{"op":"attach","cache":PATH|null,"mode":M|null,"force":bool}`, `{"op":"scrub","rate":N|null}`,
-//! `{"op":"scrub_cancel"}`, `{"op":"forget_lost","offset":N|null,"length":N|null}`.
+//! `{"op":"scrub_cancel"}`, `{"op":"forget_lost","offset":N|null,"length":N|null}`,
+//! `{"op":"memcached","action":A,...}` with `A` one of `list`, `add` / `remove` (with
+//! `"server":"HOST:PORT"`), `mode` (with `"mode":"inclusive"|"victim"`), `on`, `off`.
 //! Responses: `{"ok":true,"result":...}` or `{"ok":false,"error":"message"}`. Line-delimited
 //! JSON keeps the protocol usable by hand (`socat - UNIX:control.sock`) and from any language.
 
@@ -109,6 +111,39 @@ pub enum Request {
         #[serde(default)]
         length: Option<u64>,
     },
+    /// Operates the memcached tier; every action answers the tier's
+    /// [`MemcachedReport`](crate::report::MemcachedReport) after it.
+    Memcached(MemcachedRequest),
+}
+
+/// What `{"op":"memcached"}` does, by its `action`; the fields an action needs are required
+/// by its variant, so `{"action":"add"}` without a server is a bad request, not a runtime
+/// surprise.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum MemcachedRequest {
+    /// Reports the tier and its servers.
+    List,
+    /// Adds a server to the pool: `{"server"}`.
+    Add {
+        /// `HOST:PORT`.
+        server: String,
+    },
+    /// Removes a server from the pool: `{"server"}`.
+    Remove {
+        /// `HOST:PORT`, as listed.
+        server: String,
+    },
+    /// Changes what the tier stores (the live parameter `memcached_mode`): `{"mode"}`.
+    Mode {
+        /// `inclusive` or `victim`.
+        mode: String,
+    },
+    /// Turns the tier on: reads look in the pool again.
+    On,
+    /// Turns the tier off: requests go straight to the store below (writes still keep the
+    /// versions exact, so turning it back on never serves old data).
+    Off,
 }
 
 fn scalar<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
@@ -256,5 +291,66 @@ mod tests {
         assert!(serde_json::from_str::<Request>(r#"{"op":"get"}"#).is_err());
         let line = serde_json::to_string(&Request::Mode { mode: "wt".into() }).unwrap();
         assert_eq!(line, r#"{"op":"mode","mode":"wt"}"#);
+    }
+
+    #[test]
+    fn memcached_requests_parse_as_documented() {
+        let parse = |line: &str| serde_json::from_str::<Request>(line);
+        let mc = Request::Memcached;
+        for (line, want) in [
+            (
+                r#"{"op":"memcached","action":"list"}"#,
+                mc(MemcachedRequest::List),
+            ),
+            (
+                r#"{"op":"memcached","action":"add","server":"10.0.0.5:11211"}"#,
+                mc(MemcachedRequest::Add {
+                    server: "10.0.0.5:11211".into(),
+                }),
+            ),
+            (
+                r#"{"action":"remove","server":"[::1]:11211","op":"memcached"}"#,
+                mc(MemcachedRequest::Remove {
+                    server: "[::1]:11211".into(),
+                }),
+            ),
+            (
+                r#"{"op":"memcached","action":"mode","mode":"victim"}"#,
+                mc(MemcachedRequest::Mode {
+                    mode: "victim".into(),
+                }),
+            ),
+            (
+                r#"{"op":"memcached","action":"on"}"#,
+                mc(MemcachedRequest::On),
+            ),
+            (
+                r#"{"op":"memcached","action":"off"}"#,
+                mc(MemcachedRequest::Off),
+            ),
+        ] {
+            let got = parse(line).unwrap_or_else(|e| panic!("{line}: {e}"));
+            assert_eq!(got, want, "{line}");
+            // What the CLI sends parses back to the same request.
+            let sent = serde_json::to_string(&want).unwrap();
+            assert_eq!(parse(&sent).unwrap(), want, "{sent}");
+        }
+        assert_eq!(
+            serde_json::to_string(&mc(MemcachedRequest::Add {
+                server: "h:1".into()
+            }))
+            .unwrap(),
+            r#"{"op":"memcached","action":"add","server":"h:1"}"#
+        );
+        for bad in [
+            r#"{"op":"memcached"}"#,
+            r#"{"op":"memcached","action":"add"}"#,
+            r#"{"op":"memcached","action":"remove"}"#,
+            r#"{"op":"memcached","action":"mode"}"#,
+            r#"{"op":"memcached","action":"explode"}"#,
+            r#"{"op":"memcached","action":"add","server":11211}"#,
+        ] {
+            assert!(parse(bad).is_err(), "{bad} parsed");
+        }
     }
 }

@@ -3,7 +3,10 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{read_hit_pct, write_hit_pct, LatencyReport, Ordered, Report};
+use crate::report::{
+    read_hit_pct, write_hit_pct, LatencyReport, MemcachedReport, MemcachedServerReport,
+    MemcachedTierCounters, Ordered, Report,
+};
 
 /// `1.50 GiB`, `512 B`.
 pub fn fmt_bytes(n: u64) -> String {
@@ -42,6 +45,19 @@ pub fn fmt_us(us: f64) -> String {
     }
 }
 
+/// `12,345`: counts a person compares at a glance.
+pub fn fmt_count(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 fn fmt_pct(p: Option<f64>) -> String {
     p.map_or_else(|| "-".to_string(), |p| format!("{p:.1}%"))
 }
@@ -59,6 +75,14 @@ fn fmt_counter(name: &str, v: u64) -> String {
 /// widths from the content.
 pub fn table(rows: &[Vec<String>], right: bool) -> String {
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let align: Vec<bool> = (0..cols).map(|i| i > 0 && right).collect();
+    table_aligned(rows, &align)
+}
+
+/// [`table`] with each column's alignment given: `right[i]` right-aligns column `i` (columns
+/// past the end of `right` are left-aligned).
+pub fn table_aligned(rows: &[Vec<String>], right: &[bool]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let width: Vec<usize> = (0..cols)
         .map(|i| {
             rows.iter()
@@ -73,7 +97,7 @@ pub fn table(rows: &[Vec<String>], right: bool) -> String {
         let mut line = String::new();
         for (i, cell) in r.iter().enumerate() {
             let pad = width[i] - cell.chars().count();
-            if i == 0 || !right {
+            if !right.get(i).copied().unwrap_or(false) {
                 if i > 0 {
                     line.push_str("   ");
                 }
@@ -165,6 +189,106 @@ pub fn render_trace(t: &crate::trace::TraceStatus) -> String {
             t.path.display(),
             t.requests
         ),
+    }
+}
+
+/// `inclusive, on, 3 servers (2 up, 1 down), hits 12,345 of 20,000 blocks looked up (61.7%), 0
+/// stale, 0 corrupt`: the memcached tier in one line.
+pub fn render_memcached(m: &MemcachedReport) -> String {
+    let n = m.servers.len();
+    let up = m.servers_up();
+    let t = &m.tier;
+    let lookups = match t.hit_pct() {
+        Some(p) => format!(
+            "hits {} of {} blocks looked up ({p:.1}%)",
+            fmt_count(t.hit_blocks),
+            fmt_count(t.lookup_blocks)
+        ),
+        None => "no blocks looked up yet".into(),
+    };
+    format!(
+        "{}, {}, {n} server{} ({up} up, {} down), {lookups}, {} stale, {} corrupt",
+        m.mode,
+        if m.enabled { "on" } else { "off" },
+        if n == 1 { "" } else { "s" },
+        n - up,
+        fmt_count(t.stale_values),
+        fmt_count(t.corrupt_values)
+    )
+}
+
+/// A server's health as a person reads it: `up`, or `down 1m 05s, retry in 3s`.
+fn memcached_health(s: &MemcachedServerReport) -> String {
+    match (s.health.as_str(), s.down_secs, s.retry_in_secs) {
+        ("down", Some(down), Some(retry)) => format!(
+            "down {}, retry in {}",
+            fmt_duration(down as u64),
+            fmt_duration(retry.ceil() as u64)
+        ),
+        (health, ..) => health.to_string(),
+    }
+}
+
+/// `10.0.0.5:11211 up: 1,234 gets (61.7% hit), 56 sets, 0 errors, 0 timeouts, p50 256.0 µs,
+/// p99 1.02 ms`, and the last error of a server that is down.
+fn render_memcached_server(s: &MemcachedServerReport) -> String {
+    let c = &s.counters;
+    let hit = if c.gets > 0 {
+        format!(" ({:.1}% hit)", c.hits as f64 * 100.0 / c.gets as f64)
+    } else {
+        String::new()
+    };
+    let mut line = format!(
+        "{} {}: {} gets{hit}, {} sets, {} errors, {} timeouts, p50 {}, p99 {}",
+        s.addr,
+        memcached_health(s),
+        fmt_count(c.gets),
+        fmt_count(c.sets),
+        fmt_count(c.errors),
+        fmt_count(c.timeouts),
+        fmt_latency(s.latency.p50_us),
+        fmt_latency(s.latency.p99_us)
+    );
+    if let Some(e) = &s.last_error {
+        let _ = write!(line, "; last error: {e}");
+    }
+    line
+}
+
+fn fmt_latency(us: Option<f64>) -> String {
+    us.map_or_else(|| "-".into(), fmt_us)
+}
+
+impl MemcachedReport {
+    /// `flashtier memcached list`: one line per server (address, health, gets, hits, misses,
+    /// sets, errors, timeouts, p50 and p99 latency), then the last error of each server down.
+    pub fn render_servers(&self) -> String {
+        if self.servers.is_empty() {
+            return "no memcached servers (`flashtier memcached add HOST:PORT` adds one)\n".into();
+        }
+        let mut rows = vec![[
+            "server", "health", "gets", "hits", "misses", "sets", "errors", "timeouts", "p50",
+            "p99",
+        ]
+        .map(String::from)
+        .to_vec()];
+        for s in &self.servers {
+            let c = &s.counters;
+            let mut row = vec![s.addr.clone(), memcached_health(s)];
+            row.extend([c.gets, c.hits, c.misses, c.sets, c.errors, c.timeouts].map(fmt_count));
+            row.extend([fmt_latency(s.latency.p50_us), fmt_latency(s.latency.p99_us)]);
+            rows.push(row);
+        }
+        let mut out = table_aligned(
+            &rows,
+            &[false, false, true, true, true, true, true, true, true, true],
+        );
+        for s in &self.servers {
+            if let Some(e) = &s.last_error {
+                let _ = writeln!(out, "{}: last error: {e}", s.addr);
+            }
+        }
+        out
     }
 }
 
@@ -274,6 +398,14 @@ impl Report {
         if let Some(t) = &self.trace {
             rows.push(vec!["trace".into(), render_trace(t)]);
         }
+        if let Some(m) = &self.memcached {
+            rows.push(vec!["memcached".into(), render_memcached(m)]);
+            rows.extend(
+                m.servers
+                    .iter()
+                    .map(|s| vec![String::new(), render_memcached_server(s)]),
+            );
+        }
         table(&rows, false)
     }
 
@@ -348,6 +480,15 @@ impl Report {
                 rows.push(row);
             }
         }
+        if self.memcached.is_some() {
+            let mut row = vec!["memcached hit %".to_string()];
+            row.extend(
+                columns
+                    .iter()
+                    .map(|(_, w)| fmt_pct(MemcachedTierCounters::from_counters(w).hit_pct())),
+            );
+            rows.push(row);
+        }
         out.push_str(&table(&rows, true));
 
         let mut rows = vec![vec![
@@ -381,6 +522,10 @@ impl Report {
         }
         out.push('\n');
         out.push_str(&table(&rows, true));
+        if let Some(m) = &self.memcached {
+            let _ = writeln!(out, "\nmemcached: {}", render_memcached(m));
+            out.push_str(&m.render_servers());
+        }
         out.push('\n');
         out.push_str(&self.render_wear());
         out.push('\n');
@@ -471,6 +616,13 @@ impl Report {
             line("scrub_checked_blocks", &sc.checked_blocks);
             line("scrub_dropped_blocks", &sc.dropped_blocks);
             line("scrub_lost_blocks", &sc.lost_blocks);
+        }
+        if let Some(m) = &self.memcached {
+            line("memcached_enabled", &m.enabled);
+            line("memcached_mode", &m.mode);
+            line("memcached_servers", &m.servers.len());
+            line("memcached_servers_up", &m.servers_up());
+            line("memcached_hit_pct", &opt(m.tier.hit_pct()));
         }
         if let Some(t) = &self.trace {
             line("trace_requests", &t.requests);

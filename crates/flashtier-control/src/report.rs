@@ -3,7 +3,7 @@
 //! `flashtier stats --json`, the stats file's `.json`, the stats text file, the tables and the
 //! Prometheus output are all renderings of this one object, so they cannot disagree. Top-level
 //! keys (a contract with scripts and tests): `status`, `job`, `scrub`, `counters`, `derived`,
-//! `windows`, `window_secs`, `latency`, `wear`, `params`, `generated_unix_ms`.
+//! `windows`, `window_secs`, `latency`, `wear`, `memcached`, `params`, `generated_unix_ms`.
 //!
 //! Maps keep their order (engine counters in the engine's order, windows shortest first), so
 //! JSON read by a person and tables read the same way.
@@ -102,6 +102,9 @@ pub struct Report {
     pub latency: Ordered<LatencyReport>,
     /// Cache device writes and the endurance forecast.
     pub wear: Wear,
+    /// The memcached tier and its servers; null when the server has none.
+    #[serde(default)]
+    pub memcached: Option<MemcachedReport>,
     /// Every live parameter -> its current value (empty without a cache).
     pub params: Ordered<String>,
     /// When the report was made (wall clock), to match the stats file with its JSON.
@@ -344,6 +347,238 @@ pub struct Wear {
     pub endurance_tbw: Option<f64>,
     /// Days until the rated TBW at `bytes_per_day`; null without a rating or without writes.
     pub days_to_rated_tbw: Option<f64>,
+}
+
+/// The memcached tier (`serve --memcached`): its state, its counters and its servers.
+///
+/// Every number counts since the server started or the last reset-stats, as `counters` do:
+/// `tier` and `pool` are the `memcached_*` and `memcached_pool_*` counters of the same report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemcachedReport {
+    /// Whether reads look in the pool and blocks are stored (`flashtier memcached on|off`).
+    pub enabled: bool,
+    /// What the tier stores: `inclusive` or `victim` (the live parameter `memcached_mode`).
+    pub mode: String,
+    /// The tier's own counters.
+    pub tier: MemcachedTierCounters,
+    /// The servers' counters added up, including those of servers removed since.
+    pub pool: MemcachedServerCounters,
+    /// One entry per server in the pool now, in the pool's order.
+    pub servers: Vec<MemcachedServerReport>,
+}
+
+impl MemcachedReport {
+    /// Servers answering now.
+    pub fn servers_up(&self) -> usize {
+        self.servers.iter().filter(|s| s.health == "up").count()
+    }
+}
+
+/// The tier's counters (`flashtier_memcached::TierStats`), as the `memcached_<name>` counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemcachedTierCounters {
+    /// Blocks looked up in the pool.
+    pub lookup_blocks: u64,
+    /// Blocks answered from the pool.
+    pub hit_blocks: u64,
+    /// Blocks looked up but read from the store below.
+    pub miss_blocks: u64,
+    /// Values found but older than their block (never used).
+    pub stale_values: u64,
+    /// Values found but corrupt or of another block (never used).
+    pub corrupt_values: u64,
+    /// Blocks stored in the pool.
+    pub stored_blocks: u64,
+    /// Stores the pool did not take (a server down, full or failing).
+    pub store_failures: u64,
+    /// Values removed after a hit (`victim` mode).
+    pub removed_blocks: u64,
+    /// Requests passed below without a lookup (unaligned, over 1 MiB, tier off, no server).
+    pub bypassed_requests: u64,
+}
+
+impl MemcachedTierCounters {
+    /// The names of these counters in `counters`, in the order of [`Self::values`].
+    pub const NAMES: [&'static str; 9] = [
+        "memcached_lookup_blocks",
+        "memcached_hit_blocks",
+        "memcached_miss_blocks",
+        "memcached_stale_values",
+        "memcached_corrupt_values",
+        "memcached_stored_blocks",
+        "memcached_store_failures",
+        "memcached_removed_blocks",
+        "memcached_bypassed_requests",
+    ];
+
+    /// The values, in the order of [`Self::NAMES`].
+    pub fn values(&self) -> [u64; 9] {
+        [
+            self.lookup_blocks,
+            self.hit_blocks,
+            self.miss_blocks,
+            self.stale_values,
+            self.corrupt_values,
+            self.stored_blocks,
+            self.store_failures,
+            self.removed_blocks,
+            self.bypassed_requests,
+        ]
+    }
+
+    /// The counters of that name in `counters` (0 for any missing).
+    pub fn from_counters(counters: &Ordered<u64>) -> Self {
+        let [lookup_blocks, hit_blocks, miss_blocks, stale_values, corrupt_values, stored_blocks, store_failures, removed_blocks, bypassed_requests] =
+            Self::NAMES.map(|n| counters.get(n).copied().unwrap_or(0));
+        MemcachedTierCounters {
+            lookup_blocks,
+            hit_blocks,
+            miss_blocks,
+            stale_values,
+            corrupt_values,
+            stored_blocks,
+            store_failures,
+            removed_blocks,
+            bypassed_requests,
+        }
+    }
+
+    /// Blocks answered from the pool over blocks looked up, percent (null before a lookup).
+    pub fn hit_pct(&self) -> Option<f64> {
+        pct(&self.hit_blocks, self.lookup_blocks)
+    }
+}
+
+/// One memcached server's counters (`flashtier_memcached::client::ServerStats`, latency
+/// apart), or the pool's: the `memcached_pool_<name>` counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemcachedServerCounters {
+    /// Keys asked for.
+    pub gets: u64,
+    /// Keys the server had.
+    pub hits: u64,
+    /// Keys it did not have.
+    pub misses: u64,
+    /// Values stored.
+    pub sets: u64,
+    /// Values deleted.
+    pub deletes: u64,
+    /// Bytes received from the server.
+    pub read_bytes: u64,
+    /// Bytes sent to the server.
+    pub written_bytes: u64,
+    /// Requests that failed (connection or protocol errors).
+    pub errors: u64,
+    /// Requests that took longer than `memcached_timeout_ms`.
+    pub timeouts: u64,
+    /// Requests not sent because the server was down (its keys were misses).
+    pub skipped: u64,
+}
+
+impl MemcachedServerCounters {
+    /// The field names, in the order of [`Self::values`]: the per-server Prometheus series
+    /// are `flashtier_memcached_server_<name>_total`.
+    pub const NAMES: [&'static str; 10] = [
+        "gets",
+        "hits",
+        "misses",
+        "sets",
+        "deletes",
+        "read_bytes",
+        "written_bytes",
+        "errors",
+        "timeouts",
+        "skipped",
+    ];
+
+    /// The pool's totals in `counters`: `memcached_pool_<name>`. Not `memcached_server_*`:
+    /// Prometheus renders a counter `c` as `flashtier_<c>_total` without labels, and that
+    /// name belongs to the per-server series.
+    pub const POOL_NAMES: [&'static str; 10] = [
+        "memcached_pool_gets",
+        "memcached_pool_hits",
+        "memcached_pool_misses",
+        "memcached_pool_sets",
+        "memcached_pool_deletes",
+        "memcached_pool_read_bytes",
+        "memcached_pool_written_bytes",
+        "memcached_pool_errors",
+        "memcached_pool_timeouts",
+        "memcached_pool_skipped",
+    ];
+
+    /// The values, in the order of [`Self::NAMES`].
+    pub fn values(&self) -> [u64; 10] {
+        [
+            self.gets,
+            self.hits,
+            self.misses,
+            self.sets,
+            self.deletes,
+            self.read_bytes,
+            self.written_bytes,
+            self.errors,
+            self.timeouts,
+            self.skipped,
+        ]
+    }
+
+    /// The counters from values in the order of [`Self::NAMES`].
+    pub fn from_values(v: [u64; 10]) -> Self {
+        let [gets, hits, misses, sets, deletes, read_bytes, written_bytes, errors, timeouts, skipped] =
+            v;
+        MemcachedServerCounters {
+            gets,
+            hits,
+            misses,
+            sets,
+            deletes,
+            read_bytes,
+            written_bytes,
+            errors,
+            timeouts,
+            skipped,
+        }
+    }
+
+    /// The pool's totals in `counters` ([`Self::POOL_NAMES`]; 0 for any missing).
+    pub fn pool_from_counters(counters: &Ordered<u64>) -> Self {
+        Self::from_values(Self::POOL_NAMES.map(|n| counters.get(n).copied().unwrap_or(0)))
+    }
+}
+
+/// One server of the pool.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemcachedServerReport {
+    /// `HOST:PORT`, as added.
+    pub addr: String,
+    /// `up`, or `down` (skipped until `retry_in_secs`, then tried again).
+    pub health: String,
+    /// Seconds it has been down; null while up.
+    pub down_secs: Option<f64>,
+    /// Seconds until it is tried again (0: at the next request); null while up.
+    pub retry_in_secs: Option<f64>,
+    /// Why it went down; null while up.
+    pub last_error: Option<String>,
+    /// Its counters, since it was added or the last reset-stats, whichever is later.
+    #[serde(flatten)]
+    pub counters: MemcachedServerCounters,
+    /// Its request latency, since it was added or the last reset-stats.
+    pub latency: MemcachedLatency,
+}
+
+/// The latency of one server's requests, in microseconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemcachedLatency {
+    /// Requests measured.
+    pub count: u64,
+    /// Median (null before any request).
+    pub p50_us: Option<f64>,
+    /// 99th percentile (null before any request).
+    pub p99_us: Option<f64>,
+    /// `[bound_us, requests at or below it]`, cumulative, bounds doubling: the Prometheus
+    /// histogram's buckets.
+    pub buckets: Vec<[u64; 2]>,
 }
 
 /// Read hit percent of a set of counters: hit blocks over hit + missed blocks.

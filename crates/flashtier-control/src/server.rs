@@ -138,6 +138,7 @@ pub fn handle(c: &Controller, req: Request) -> Result<serde_json::Value, Control
         Request::ForgetLost { offset, length } => {
             serde_json::json!({ "forgotten": c.forget_lost(offset, length)? })
         }
+        Request::Memcached(req) => json(&c.memcached(req)?),
     })
 }
 
@@ -154,7 +155,8 @@ fn respond(c: &Controller, line: &str) -> Response {
             return Response::error(format!(
                 "bad request ({e}); expected one JSON object per line with \"op\" one of \
                  report, get, set, set_many, params, mode, flush, flush_cancel, reset_stats, \
-                 detach, attach, scrub, scrub_cancel, forget_lost"
+                 detach, attach, scrub, scrub_cancel, trace_start, trace_stop, forget_lost, \
+                 memcached"
             ))
         }
     };

@@ -19,6 +19,9 @@
 //! - [`MemDev`] is **a plain device in RAM**, for unit tests, fuzzing and seed generation, where a
 //!   file would only add noise (and a filesystem to depend on).
 //!
+//! - [`memcached`] runs **memcached servers**: real ones on loopback ports, killed and restarted
+//!   on cue, and a stand-in that answers with values older than the last one set.
+//!
 //! The slow device ([`flashtier_io::SlowDev`]) is not here: `flashtier demo` uses it to show what a
 //! cache in front of slow storage does, so it ships in the I/O crate.
 //!
@@ -31,6 +34,7 @@
 pub mod crash;
 pub mod fault;
 mod mem;
+pub mod memcached;
 
 pub use crash::{CrashDev, CrashPolicy};
 pub use fault::{Fault, FaultDev, WriteFailure};

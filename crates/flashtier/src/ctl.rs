@@ -1,5 +1,5 @@
 //! The control subcommands: `status`, `stats`, `get`, `set`, `mode`, `flush`, `reset-stats`,
-//! `detach`, `attach`. Each talks to a running `flashtier serve` over its control socket
+//! `detach`, `attach`, `memcached`. Each talks to a running `flashtier serve` over its control socket
 //! (flashtier_control::Client).
 
 use std::io::{IsTerminal, Write};
@@ -7,10 +7,13 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use clap::Args;
+use clap::{Args, Subcommand};
+use flashtier_control::protocol::MemcachedRequest;
+use flashtier_control::render::render_memcached;
 use flashtier_control::report::JobReport;
 use flashtier_control::{Client, MODES};
 use flashtier_engine::PARAMS;
+use flashtier_memcached::MemcachedMode;
 
 use crate::serve::default_run_dir;
 use crate::units::fmt_bytes;
@@ -193,6 +196,82 @@ pub struct AttachArgs {
     control: ControlOpt,
 }
 
+#[derive(Args, Debug)]
+#[command(after_help = "\
+The memcached tier (`serve --memcached HOST:PORT[,...]`) keeps copies of clean blocks in a pool of \
+memcached servers, below the cache (or in front of the backing store without one). Keys are spread \
+over the servers by consistent hashing, so adding or removing a server moves only its share of \
+them. memcached never holds the only copy of anything, and a value is used only when it is \
+provably the block's newest data: losing a server, or the whole pool, costs hits, never data.\n\n\
+Servers added or removed here, and the mode set here, last until the server stops; to keep them, \
+edit `memcached` and `memcached_mode` in the [serve] section of the config file.")]
+pub struct MemcachedArgs {
+    #[command(subcommand)]
+    command: MemcachedCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum MemcachedCommand {
+    /// Show the tier (mode, on or off, hits) and one line per server: address, health (up, or
+    /// down with how long and when it is retried), gets, hits, misses, sets, errors, timeouts
+    /// and p50/p99 round-trip latency, counted since the server was added or the last
+    /// `flashtier reset-stats`.
+    List {
+        /// Print the tier's report as JSON (the `memcached` object of `flashtier stats --json`).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        control: ControlOpt,
+    },
+    /// Add a server to the pool. It takes its share of the keys from the next request on
+    /// (those keys miss until they are stored there again); an address that is already in the
+    /// pool, or does not parse or resolve, is refused.
+    Add {
+        /// The server's address.
+        #[arg(value_name = "HOST:PORT")]
+        server: String,
+        #[command(flatten)]
+        control: ControlOpt,
+    },
+    /// Remove a server from the pool: its keys go to the other servers (and miss until stored
+    /// there). Its counters stay in the pool's totals.
+    Remove {
+        /// The server's address, as `flashtier memcached list` shows it.
+        #[arg(value_name = "HOST:PORT")]
+        server: String,
+        #[command(flatten)]
+        control: ControlOpt,
+    },
+    /// Change what the tier stores (the live parameter memcached_mode, as `flashtier set
+    /// memcached_mode MODE`): inclusive stores blocks read from and written to the store below
+    /// and leaves a value in place on a hit; victim stores blocks a faster tier evicts and
+    /// removes a value on a hit (the tiers above do not hand evictions down yet, so victim
+    /// stores nothing new for now). Effective from the next request.
+    Mode {
+        /// inclusive or victim.
+        #[arg(value_name = "MODE", value_parser = parse_memcached_mode)]
+        mode: MemcachedMode,
+        #[command(flatten)]
+        control: ControlOpt,
+    },
+    /// Turn the tier on: reads look in the pool again, and blocks are stored.
+    On {
+        #[command(flatten)]
+        control: ControlOpt,
+    },
+    /// Turn the tier off: requests go straight to the store below, nothing is looked up or
+    /// stored. Writes still keep the tier's versions exact, so turning it on again never serves
+    /// a value a write made old meanwhile.
+    Off {
+        #[command(flatten)]
+        control: ControlOpt,
+    },
+}
+
+fn parse_memcached_mode(s: &str) -> Result<MemcachedMode, String> {
+    s.parse()
+}
+
 /// The parameter list for `set --help` and `get --help`.
 fn params_help() -> String {
     let mut s = String::from("Parameters (applied live, from the next request):\n");
@@ -206,6 +285,13 @@ fn params_help() -> String {
             p.name, p.doc, p.default, p.allowed
         ));
     }
+    s.push_str(&format!(
+        "\n  memcached_mode\n      What the memcached tier stores, on a server started with \
+         --memcached (as `flashtier memcached mode`); not saved by --persist: edit \
+         `memcached_mode` in the config file's [serve].\n      default: {}; allowed: {}\n",
+        MemcachedMode::default(),
+        flashtier_memcached::tier::MODES
+    ));
     s
 }
 
@@ -444,6 +530,54 @@ pub fn flush(args: FlushArgs) -> anyhow::Result<()> {
         );
     }
     println!("flushed: the backing store holds everything written before the flush");
+    Ok(())
+}
+
+pub fn memcached(args: MemcachedArgs) -> anyhow::Result<()> {
+    let (req, control) = match args.command {
+        MemcachedCommand::List { json, control } => {
+            let m = control.connect()?.memcached(MemcachedRequest::List)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&m)?);
+            } else {
+                println!("memcached: {}", render_memcached(&m));
+                print!("{}", m.render_servers());
+            }
+            return Ok(());
+        }
+        MemcachedCommand::Add { server, control } => (MemcachedRequest::Add { server }, control),
+        MemcachedCommand::Remove { server, control } => {
+            (MemcachedRequest::Remove { server }, control)
+        }
+        MemcachedCommand::Mode { mode, control } => {
+            let mode = mode.to_string();
+            (MemcachedRequest::Mode { mode }, control)
+        }
+        MemcachedCommand::On { control } => (MemcachedRequest::On, control),
+        MemcachedCommand::Off { control } => (MemcachedRequest::Off, control),
+    };
+    let m = control.connect()?.memcached(req.clone())?;
+    let n = m.servers.len();
+    let servers = format!("{n} server{}", if n == 1 { "" } else { "s" });
+    match req {
+        MemcachedRequest::Add { server } => println!("added {server}: {servers} in the pool"),
+        MemcachedRequest::Remove { server } => println!("removed {server}: {servers} left"),
+        MemcachedRequest::Mode { .. } => {
+            println!("memcached_mode = {}", m.mode);
+            if m.mode == MemcachedMode::Victim.to_string() {
+                eprintln!(
+                    "flashtier: note: victim stores only blocks a faster tier evicts, and the \
+                     tiers above do not hand their evictions down yet: the tier stores nothing \
+                     new in this mode"
+                );
+            }
+        }
+        MemcachedRequest::On => println!("memcached tier on"),
+        MemcachedRequest::Off => {
+            println!("memcached tier off: requests go straight to the store below")
+        }
+        MemcachedRequest::List => {}
+    }
     Ok(())
 }
 

@@ -217,19 +217,44 @@ struct Served {
     cache: Arc<Cache>,
     client: NbdClient,
     shutdown: flashtier_nbd::ShutdownHandle,
-    thread: std::thread::JoinHandle<Result<(), flashtier_nbd::ServerError>>,
+    thread: ServerThread,
+}
+
+type ServerThread = std::thread::JoinHandle<Result<(), flashtier_nbd::ServerError>>;
+
+/// Serves `dev` over NBD on `socket` in this process, and connects a client to it.
+fn serve(
+    dev: Arc<dyn BlockDev>,
+    socket: &Path,
+) -> anyhow::Result<(NbdClient, flashtier_nbd::ShutdownHandle, ServerThread)> {
+    let server = Server::new(Export::new("demo", dev), ServerConfig::default())?;
+    let listener = Listener::bind(&ListenAddr::Unix(socket.to_path_buf()))?;
+    let shutdown = server.shutdown_handle();
+    let thread = std::thread::spawn(move || server.serve(listener));
+    let uri = format!("nbd+unix:///demo?socket={}", socket.display());
+    let client = NbdClient::connect(&uri).context("demo client cannot connect")?;
+    Ok((client, shutdown, thread))
+}
+
+/// Ends what [`serve`] started.
+fn stop_serving(
+    client: NbdClient,
+    shutdown: flashtier_nbd::ShutdownHandle,
+    thread: ServerThread,
+) -> anyhow::Result<()> {
+    drop(client);
+    shutdown.shutdown();
+    thread
+        .join()
+        .expect("server thread panicked")
+        .context("server did not shut down cleanly")?;
+    Ok(())
 }
 
 impl Served {
     fn start(cache: Cache, socket: &Path) -> anyhow::Result<Served> {
         let cache = Arc::new(cache);
-        let export = Export::new("demo", cache.clone());
-        let server = Server::new(export, ServerConfig::default())?;
-        let listener = Listener::bind(&ListenAddr::Unix(socket.to_path_buf()))?;
-        let shutdown = server.shutdown_handle();
-        let thread = std::thread::spawn(move || server.serve(listener));
-        let uri = format!("nbd+unix:///demo?socket={}", socket.display());
-        let client = NbdClient::connect(&uri).context("demo client cannot connect")?;
+        let (client, shutdown, thread) = serve(cache.clone(), socket)?;
         Ok(Served {
             cache,
             client,
@@ -240,12 +265,7 @@ impl Served {
 
     /// Stops serving; the cache is returned still open.
     fn stop(self) -> anyhow::Result<Arc<Cache>> {
-        drop(self.client);
-        self.shutdown.shutdown();
-        self.thread
-            .join()
-            .expect("server thread panicked")
-            .context("server did not shut down cleanly")?;
+        stop_serving(self.client, self.shutdown, self.thread)?;
         Ok(self.cache)
     }
 }
@@ -510,6 +530,9 @@ fn run_in(dir: &Path, args: &DemoArgs) -> anyhow::Result<()> {
     let direct = FileDev::open(&backing_path, FileOptions::default())?;
     verify(&direct, &model, 0, blocks).context("backing file does not match after write-back")?;
 
+    // 9. The memcached tier, in front of the slow disk without the SSD tier.
+    memcached_tour(&socket, &model, working_set, threads, &open_backing)?;
+
     println!();
     println!(
         "  verified {} through NBD after the crash, and again in the backing file alone after \
@@ -547,4 +570,126 @@ fn run_in(dir: &Path, args: &DemoArgs) -> anyhow::Result<()> {
         println!("  (the work directory is removed; pass --keep to look at it)");
     }
     Ok(())
+}
+
+/// The memcached tier over the slow disk (no SSD tier): the working set read cold (from the slow
+/// disk, stored in memcached), warm (from memcached), then with memcached killed (from the slow
+/// disk again, no error). Skipped, saying so, when memcached is not installed.
+fn memcached_tour(
+    socket: &Path,
+    model: &Model,
+    working_set: usize,
+    threads: usize,
+    open_backing: &dyn Fn() -> anyhow::Result<Arc<dyn BlockDev>>,
+) -> anyhow::Result<()> {
+    use flashtier_memcached::{MemcachedMode, MemcachedTier, Pool, PoolOptions};
+    let Some(binary) = find_in_path("memcached") else {
+        println!(
+            "  {:<30} memcached is not installed: the memcached tier is not shown (apt-get \
+             install memcached, or scripts/install-deps.sh)",
+            "memcached tier"
+        );
+        return Ok(());
+    };
+    let mut server = MemcachedProcess::start(&binary)?;
+    let pool = Pool::new(&[server.addr.clone()], PoolOptions::default())?;
+    let tier = Arc::new(MemcachedTier::new(
+        open_backing()?,
+        Arc::new(pool),
+        0xde40,
+        MemcachedMode::Inclusive,
+    )?);
+    let (client, shutdown, thread) = serve(tier.clone(), socket)?;
+    let per_thread = working_set / threads;
+    let read_set = |name: &str| -> anyhow::Result<()> {
+        let before = tier.stats();
+        let mut p = timed(name, threads, per_thread, BLOCK as u64, |t, i| {
+            let block = i * threads + t;
+            let mut buf = AlignedBuf::zeroed(BLOCK);
+            client.read_at(&mut buf, (block * BLOCK) as u64)?;
+            let mut expect = vec![0u8; BLOCK];
+            fill_block(block as u64, model.get(block), &mut expect);
+            if buf[..] != expect[..] {
+                bail!("read of block {block} through the memcached tier returned wrong data");
+            }
+            Ok(())
+        })?;
+        let after = tier.stats();
+        let totals = tier.pool().totals();
+        p.note = format!(
+            "{} memcached hits, {} read from the slow disk; server errors so far {}",
+            after.hit_blocks - before.hit_blocks,
+            after.miss_blocks - before.miss_blocks,
+            totals.errors + totals.timeouts
+        );
+        p.print();
+        Ok(())
+    };
+    println!();
+    println!(
+        "  memcached tier: the slow disk alone with a memcached server ({}) in front, no SSD \
+         tier",
+        server.addr
+    );
+    read_set("memcached: read cold")?;
+    read_set("memcached: read warm")?;
+    server.kill();
+    read_set("memcached killed: read")?;
+    stop_serving(client, shutdown, thread)
+}
+
+/// The first `name` in `$PATH` that is a file.
+fn find_in_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// A memcached process on a free loopback port, killed when dropped.
+struct MemcachedProcess {
+    child: Option<std::process::Child>,
+    addr: String,
+}
+
+impl MemcachedProcess {
+    fn start(binary: &Path) -> anyhow::Result<MemcachedProcess> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let mut cmd = std::process::Command::new(binary);
+        cmd.args(["-l", "127.0.0.1", "-U", "0", "-m", "64"])
+            .args(["-p", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        // memcached refuses to run as root unless told whom to run as.
+        if flashtier_io::sys::effective_uid() == 0 {
+            cmd.args(["-u", "root"]);
+        }
+        let mut server = MemcachedProcess {
+            child: Some(cmd.spawn().context("cannot start memcached")?),
+            addr: format!("127.0.0.1:{port}"),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(&server.addr).is_err() {
+            if Instant::now() > deadline {
+                server.kill();
+                bail!("memcached did not start listening on {}", server.addr);
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        Ok(server)
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for MemcachedProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }

@@ -41,7 +41,7 @@ cloud volume, any NBD server) and exports the result over the NBD protocol, so t
 client, qemu, libnbd's tools (nbdinfo, nbdcopy, nbdfuse) and fio can use it as an ordinary block \
 device.\n\nStart with `flashtier demo`, then `flashtier serve --help`. While a server runs, \
 `flashtier status`, `stats`, `get`, `set`, `mode`, `flush`, `reset-stats`, `detach`, `attach`, \
-`scrub` and `forget-lost` operate it through its control socket."
+`scrub`, `forget-lost` and `memcached` operate it through its control socket."
 )]
 struct Cli {
     /// Log filter for messages on stderr: error, warn, info, debug, trace, or per-module
@@ -104,6 +104,10 @@ enum Command {
     /// Acknowledge lost blocks of a running server (all, or a byte range): reads of them stop
     /// failing and return the backing store's older data. Asks for confirmation.
     ForgetLost(integrity_cmd::ForgetLostArgs),
+    /// Operate a running server's memcached tier: list its servers with their health and
+    /// statistics, add or remove a server, change what it stores (inclusive or victim), turn it
+    /// on or off.
+    Memcached(ctl::MemcachedArgs),
     /// Record a running server's client requests (`trace start FILE`, `trace stop`), summarise
     /// a trace (`trace show`), and convert it to and from fio's iolog (`trace to-fio`,
     /// `trace from-fio`) to replay it.
@@ -156,6 +160,7 @@ fn main() {
         Command::Attach(args) => ctl::attach(args),
         Command::Scrub(args) => integrity_cmd::scrub(args),
         Command::ForgetLost(args) => integrity_cmd::forget_lost(args),
+        Command::Memcached(args) => ctl::memcached(args),
         Command::Config(args) => config_cmd::run(args),
         Command::Trace(args) => trace_cmd::run(args),
         Command::Advise(args) => advise::run(args),

@@ -75,9 +75,16 @@ fn parse_param_setting(s: &str) -> Result<(String, String), String> {
         .split_once('=')
         .ok_or_else(|| format!("'{s}' is not PARAM=VALUE"))?;
     let (name, value) = (name.trim(), value.trim());
-    flashtier_engine::tunables::validate(name, value).map_err(|e| e.to_string())?;
+    if name == MEMCACHED_MODE {
+        value.parse::<flashtier_memcached::MemcachedMode>()?;
+    } else {
+        flashtier_engine::tunables::validate(name, value).map_err(|e| e.to_string())?;
+    }
     Ok((name.to_string(), value.to_string()))
 }
+
+/// The one live parameter that is the memcached tier's, not the cache's: `--set` takes it too.
+const MEMCACHED_MODE: &str = "memcached_mode";
 
 /// The options in force: the command line over the config file over the defaults.
 struct Settings {
@@ -102,6 +109,10 @@ struct Settings {
     stats_file: (PathBuf, bool),
     trace: Option<PathBuf>,
     endurance_tbw: Option<f64>,
+    /// The memcached tier's servers (none: no tier), its mode and request timeout.
+    memcached: Option<Vec<String>>,
+    memcached_mode: flashtier_memcached::MemcachedMode,
+    memcached_timeout: std::time::Duration,
     /// Live parameters to apply at open: the config file's [policy], then `--set` (which wins).
     policy: Vec<(String, String)>,
     config: Option<Config>,
@@ -110,7 +121,15 @@ struct Settings {
 }
 
 impl Settings {
-    fn new(args: ServeArgs) -> anyhow::Result<Settings> {
+    fn new(mut args: ServeArgs) -> anyhow::Result<Settings> {
+        // `--set memcached_mode=M` is the tier's and needs no cache; the last one given wins.
+        let memcached_mode_set = args
+            .set
+            .iter()
+            .rev()
+            .find(|(n, _)| n == MEMCACHED_MODE)
+            .map(|(_, v)| v.clone());
+        args.set.retain(|(n, _)| n != MEMCACHED_MODE);
         let config = args.config.as_deref().map(config::load).transpose()?;
         let file = config.as_ref().map(|c| c.serve.clone()).unwrap_or_default();
         let given = file.overridden_by(&args.options.0);
@@ -118,6 +137,14 @@ impl Settings {
         // only before the defaults fill in.
         let (control_socket_given, stats_file_given) =
             (given.control_socket.is_some(), given.stats_file.is_some());
+        if given.memcached.is_none()
+            && (given.memcached_mode.is_some() || memcached_mode_set.is_some())
+        {
+            anyhow::bail!(
+                "memcached_mode needs a memcached tier (--memcached HOST:PORT,..., or \
+                 `memcached` in the config file)"
+            );
+        }
         let o = given.with_defaults();
         let mode = o
             .mode
@@ -198,6 +225,16 @@ impl Settings {
             // The server creates it; relative to where `serve` was started, as the user meant.
             trace: o.trace.map(std::path::absolute).transpose()?,
             endurance_tbw: o.endurance_tbw,
+            memcached: o
+                .memcached
+                .map(|list| list.split(',').map(str::to_string).collect()),
+            memcached_mode: memcached_mode_set
+                .unwrap_or_else(|| defaulted(o.memcached_mode))
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!(e))?,
+            memcached_timeout: std::time::Duration::from_millis(
+                defaulted(o.memcached_timeout_ms).into(),
+            ),
             policy,
             config,
             adopt,
@@ -279,6 +316,15 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             read_only: args.read_only,
         },
     )?;
+    let memcached = match &args.memcached {
+        None => None,
+        Some(servers) => Some(open_memcached(servers, &args, backing.clone())?),
+    };
+    // The memcached tier stands where the backing store was: below the cache, or exported.
+    let backing: Arc<dyn BlockDev> = match &memcached {
+        Some(tier) => tier.clone(),
+        None => backing,
+    };
     let cache = match &args.cache {
         None => None,
         Some(path) => Some(open_cache(path, &args, backing.clone())?),
@@ -300,6 +346,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         latencies: timed.latencies(),
         tracer: timed.tracer(),
         endurance_tbw: args.endurance_tbw,
+        memcached: memcached.clone(),
         persist: args.config.as_ref().map(|c| {
             let path = c.path.clone();
             Box::new(move |settings: &[(String, String)]| {
@@ -379,8 +426,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         writeln!(
             out,
             "flashtier: control socket {} (flashtier status, stats, get, set, mode, flush, \
-             detach, attach, reset-stats)",
-            socket.display()
+             detach, attach, reset-stats{})",
+            socket.display(),
+            if memcached.is_some() {
+                ", memcached"
+            } else {
+                ""
+            }
         )?;
     }
     if let Some((text, json)) = plane.stats_files() {
@@ -389,6 +441,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             "flashtier: stats file {} and {}, rewritten every second",
             text.display(),
             json.display()
+        )?;
+    }
+    if let Some(tier) = &memcached {
+        writeln!(
+            out,
+            "flashtier: memcached tier, {} mode, {} (flashtier memcached list)",
+            tier.mode(),
+            args.memcached.as_deref().unwrap_or_default().join(", ")
         )?;
     }
     if let Some(t) = &tls {
@@ -544,6 +604,43 @@ fn open_cache(
         .set_params(&args.policy)
         .context("cannot apply the live parameters")?;
     Ok(Arc::new(cache))
+}
+
+/// The memcached tier over `backing`, its keys in the namespace of the backing store's identity
+/// (two hosts sharing a pool for different stores never meet).
+fn open_memcached(
+    servers: &[String],
+    args: &Settings,
+    backing: Arc<dyn BlockDev>,
+) -> anyhow::Result<Arc<flashtier_memcached::MemcachedTier>> {
+    use flashtier_memcached::{MemcachedMode, MemcachedTier, Pool, PoolOptions};
+    let pool = Pool::new(
+        servers,
+        PoolOptions {
+            timeout: args.memcached_timeout,
+            ..PoolOptions::default()
+        },
+    )
+    .context("--memcached")?;
+    let identity = backing_identity(&args.backing, backing.info().size)?;
+    let namespace = fnv1a(format!("{identity:?}").as_bytes());
+    let tier = MemcachedTier::new(backing, Arc::new(pool), namespace, args.memcached_mode)
+        .context("cannot start the memcached tier")?;
+    if args.memcached_mode == MemcachedMode::Victim {
+        let msg = "memcached_mode victim stores only blocks a faster tier evicts, and the tiers \
+                   above do not hand their evictions down yet: the memcached tier will store \
+                   nothing (inclusive stores what is read from and written to the backing store)";
+        eprintln!("flashtier: WARNING: {msg}");
+        tracing::warn!("{msg}");
+    }
+    Ok(Arc::new(tier))
+}
+
+/// FNV-1a, 64 bits: stable across builds and hosts (std's hasher is not), for the tier's namespace.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// Opens `flashtier attach --cache PATH` as `--cache` is opened, refusing the backing store

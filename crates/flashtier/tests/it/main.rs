@@ -14,6 +14,7 @@ mod harness;
 mod hostile;
 mod integrity;
 mod mariadb;
+mod memcached;
 mod packaging;
 mod probe;
 mod protocol;

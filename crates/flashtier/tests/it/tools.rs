@@ -110,7 +110,7 @@ fn parse_map(map: &str) -> Vec<(u64, u64, u32, String)> {
 }
 
 /// Common fio arguments for a verified random-write job; `extra` selects engine and target.
-fn fio_verify_job(name: &str, size: &str, extra: &[&str]) -> Command {
+pub(crate) fn fio_verify_job(name: &str, size: &str, extra: &[&str]) -> Command {
     let mut cmd = Command::new("fio");
     cmd.args([
         &format!("--name={name}"),
@@ -129,7 +129,7 @@ fn fio_verify_job(name: &str, size: &str, extra: &[&str]) -> Command {
 }
 
 /// Asserts that fio succeeded with `jobs` jobs, each reporting "err= 0".
-fn assert_fio_ok(out: &Output, jobs: usize, what: &str) {
+pub(crate) fn assert_fio_ok(out: &Output, jobs: usize, what: &str) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let ok_jobs = stdout.matches("err= 0").count();
     let verify_errors = text(out).contains("verify:");
