@@ -15,7 +15,9 @@ Configurations (the storage under the NBD export):
   ft-wb, ft-wt, ft-wa
                  flashtier serve --mode writeback / writethrough / writearound over the slow disk,
                  its cache a file of CACHE bytes on the local disk (O_DIRECT), in the same cgroup limit
-  (flashtier + memcached: not available yet, flashtier has no memcached tier; no slot is faked)
+  (flashtier + memcached: not in this matrix; bench/memcached.py runs flashtier pass-through, `serve`
+  without --cache, over the slow disk with and without a memcached tier, through this script's
+  one_run with the ft-pass stack below)
   ssd-direct     all on the local disk ("the SSD"), no page cache: `nbdkit file IMG cache=none`
   ssd-pagecache  all on the local disk through the page cache: plain `nbdkit file IMG`
 
@@ -77,7 +79,7 @@ CONFIGS = {
     "ft-wb": "flashtier write-back over the slow disk",
     "ft-wt": "flashtier write-through over the slow disk",
     "ft-wa": "flashtier write-around over the slow disk",
-    # "ft-wb+memcached": flashtier with a memcached tier, once flashtier has one (not built yet).
+    # flashtier + memcached: bench/memcached.py (PASS below), not part of this matrix.
     "ssd-direct": "all on the SSD, no page cache (nbdkit file cache=none)",
     "ssd-pagecache": "all on the SSD through the page cache (nbdkit file)",
 }
@@ -85,6 +87,10 @@ RUNDIR = Path("/run") / f"flashtier-oltp-{os.getpid()}"  # tmpfs: flashtier's co
 CACHED = ("nbdkit-cache", "ft-wb", "ft-wt", "ft-wa")
 FT_MODES = {"ft-wb": "writeback", "ft-wt": "writethrough", "ft-wa": "writearound"}
 WARMED = (*CACHED, "ssd-pagecache")
+# flashtier pass-through (`serve` without --cache) over the slow disk, plus the serve arguments
+# one_run's `serve_extra` gives (e.g. a memcached tier): every configuration named PASS or
+# PASS+SUFFIX. Not in CONFIGS, so not in this script's matrix; bench/memcached.py runs them.
+PASS = "ft-pass"
 
 Cell = namedtuple("Cell", "config page_kib doublewrite cache_factor")
 
@@ -339,7 +345,7 @@ class Stack:
     """The storage of one cell: its servers (started in order), the NBD URI mariadbd's stack uses,
     flashtier's control socket, and what it wrote before the measured run."""
 
-    def __init__(self, cell, disk: Path, rd: Path, args, binary, cache_bytes, work: Path):
+    def __init__(self, cell, disk: Path, rd: Path, args, binary, cache_bytes, work: Path, serve_extra=()):
         self.servers, self.cgroups, self.control, self.reqlog, self.statsf = [], [], None, None, None
         self.format_output = None
         c = cell.config
@@ -355,6 +361,15 @@ class Stack:
         self.servers.append(slow)
         self.uri = slow.uri
         if c == "slow":
+            return
+        if c == PASS or c.startswith(PASS + "+"):
+            self.control = RUNDIR / "control.sock"
+            s = bl.flashtier_serve(binary, slow.uri, rd / "ft.sock", rd / "ft.log",
+                                   extra=[*(["--threads", str(args.threads)] if args.threads else []),
+                                          "--control-socket", str(self.control),
+                                          "--stats-file", str(RUNDIR / "ft.stats"), *serve_extra])
+            self.servers.append(s)
+            self.uri = s.uri
             return
         cg = bl.MemCgroup(f"oltp-{c}", args.mem_limit_mib << 20)
         self.cgroups.append(cg)
@@ -394,7 +409,11 @@ def cpu_snapshot(stack, db, fuse):
             "per_server": {f"{s.name}#{i}": s.cpu_seconds() for i, s in enumerate(stack.servers)}}
 
 
-def one_run(cell, rnd, args, binary, work, images, cache_sizes, logs_root, profile=False):
+def one_run(cell, rnd, args, binary, work, images, cache_sizes, logs_root, profile=False, serve_extra=(),
+            warm=None):
+    """One run of `cell`. `serve_extra`: more `flashtier serve` arguments for a PASS stack; `warm`:
+    whether to warm the stack before mariadbd starts (default: the configuration is in WARMED), or a
+    function warm(stack, ranges) that does and returns the run's "warm" record."""
     img, meta = images[cell.page_kib]
     rd = work / "run"
     if os.path.ismount(rd / "mnt"):
@@ -411,9 +430,11 @@ def one_run(cell, rnd, args, binary, work, images, cache_sizes, logs_root, profi
     rec = {"cell": cell._asdict(), "key": cell_key(cell), "round": rnd, "cache_bytes": cache_bytes}
     stack = fuse = db = None
     try:
-        stack = Stack(cell, disk, rd, args, binary, cache_bytes, work)
+        stack = Stack(cell, disk, rd, args, binary, cache_bytes, work, serve_extra)
         rec["format_output"] = stack.format_output
-        if cell.config in WARMED:
+        if callable(warm):
+            rec["warm"] = warm(stack, data_ranges(disk))
+        elif (cell.config in WARMED) if warm is None else warm:
             secs, nbytes = warm_through(stack.uri, data_ranges(disk))
             settle = bl.flashtier_wait_promotions(binary, stack.control) if stack.flashtier() else 0
             rec["warm"] = {"seconds": round(secs + settle, 1), "read_seconds": round(secs, 1), "bytes": nbytes,
@@ -625,7 +646,7 @@ def report(args, machine, cells, runs, images, cache_sizes, wall, out):
                      f"{r['tps']:,.1f} | {r['p95_ms']:,.1f} | {r['storage_cpu_s_per_1000']:.2f} | "
                      f"{r['mariadbd_cpu_s_per_1000']:.2f} | {r['cv']:.3f} | {bk} | {r['ignored_errors']:.0f} |")
     lines += ["", "Configurations: " + "; ".join(f"**{k}**: {v}" for k, v in CONFIGS.items())
-              + ". flashtier + memcached: not available yet (flashtier has no memcached tier).", ""]
+              + ". flashtier + memcached: bench/memcached.py (not in this matrix).", ""]
     if tgts:
         lines += ["Targets (issue 14), measured in this run:", "", *bl.targets_table(tgts), ""]
     if info:
@@ -744,9 +765,8 @@ def profile_report(args, machine, rec, out):
 
 # --- main ---------------------------------------------------------------------------------------
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    bl.add_common_args(ap, workdir="/var/tmp/flashtier-oltp")
+def add_database_args(ap):
+    """The run, database and slow-disk arguments (also bench/memcached.py's)."""
     ap.add_argument("--seconds", type=int, default=60,
                     help="measured seconds per run (default 60; --quick 20: two 10 s reports)")
     ap.add_argument("--warmup", type=int, default=20,
@@ -761,9 +781,33 @@ def main():
     ap.add_argument("--prepare-pool-mib", type=int, default=512,
                     help="InnoDB buffer pool MiB while preparing the data (default 512)")
     ap.add_argument("--disk-mib", type=int, default=2048, help="size of the database's disk (default 2048; --quick 512)")
+    ap.add_argument("--delay-ms", type=int, default=4, help="slow disk delay per read and write (default 4)")
+
+
+def quick_sizes(args):
+    """--quick's sizes and durations."""
+    args.seconds, args.warmup, args.tables, args.table_size = 20, 5, 4, 100_000
+    args.pool_mib, args.disk_mib = 8, 512
+
+
+def setup_run(args, *tools):
+    """bl.setup for database runs: the tools they need (and `tools`), mariadbd, the flashtier binary,
+    the work directory and the machine's description with mariadbd's and sysbench's versions."""
+    binary, work, machine = bl.setup(args, "nbdkit", "nbdfuse", "fusermount3", "losetup", "mkfs.ext4", "mount",
+                                     "sysbench", "mariadb", "mariadb-admin", *tools)
+    if not (shutil.which("mariadbd") or shutil.which("mysqld")):
+        sys.exit("mariadbd is not installed (scripts/install-deps.sh installs mariadb-server)")
+    machine["mariadbd"] = bl._first_line(["mariadbd", "--version"])
+    machine["sysbench"] = bl._first_line(["sysbench", "--version"])
+    return binary, work, machine
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bl.add_common_args(ap, workdir="/var/tmp/flashtier-oltp")
+    add_database_args(ap)
     ap.add_argument("--mem-limit-mib", type=int, default=512,
                     help="memory cgroup limit of each cache server, page cache included (default 512)")
-    ap.add_argument("--delay-ms", type=int, default=4, help="slow disk delay per read and write (default 4)")
     ap.add_argument("--only", metavar="CONFIG,...",
                     help=f"run only these configurations' cells of the matrix ({', '.join(CONFIGS)}); with "
                          "--quick, the base cell of each")
@@ -777,19 +821,13 @@ def main():
                     help="seconds of each --profile window (default 20; --seconds must be ≥ 2.5× it)")
     args = ap.parse_args()
     if args.quick:
-        args.seconds, args.warmup, args.tables, args.table_size = 20, 5, 4, 100_000
-        args.pool_mib, args.disk_mib = 8, 512
+        quick_sizes(args)
     if os.geteuid() != 0:
         ap.error("needs root (loop devices, mounts, memory cgroups)")
     if args.profile and args.seconds < 2.5 * args.profile_window + 5:
         ap.error("--profile needs --seconds ≥ 2.5 × --profile-window + 5")
     t_all = time.time()
-    binary, work, machine = bl.setup(args, "nbdkit", "nbdfuse", "fusermount3", "losetup", "mkfs.ext4", "mount",
-                                     "sysbench", "mariadb", "mariadb-admin", *(["perf", "strace"] if args.profile else []))
-    if not (shutil.which("mariadbd") or shutil.which("mysqld")):
-        sys.exit("mariadbd is not installed (scripts/install-deps.sh installs mariadb-server)")
-    machine["mariadbd"] = bl._first_line(["mariadbd", "--version"])
-    machine["sysbench"] = bl._first_line(["sysbench", "--version"])
+    binary, work, machine = setup_run(args, *(["perf", "strace"] if args.profile else []))
 
     cells = [base_cell("ft-wb")] if args.profile else quick_matrix() if args.quick else full_matrix()
     if args.only:
