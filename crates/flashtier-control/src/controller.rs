@@ -1533,11 +1533,8 @@ pub(crate) mod tests {
     }
 
     /// [`cached_on`] with the cache on `dev`.
-    fn cached_with(
-        dev: Arc<dyn BlockDev>,
-        backing: Arc<dyn BlockDev>,
-        persist: Option<PersistFn>,
-    ) -> (Arc<Controller>, Arc<Timed>) {
+    /// A cache formatted on `dev` (1 MiB segments) for an 8 MiB `backing`, opened.
+    fn test_cache(dev: Arc<dyn BlockDev>, backing: Arc<dyn BlockDev>) -> Arc<Cache> {
         let ident = BackingIdentity {
             size: 8 << 20,
             name: "test-backing".into(),
@@ -1548,8 +1545,15 @@ pub(crate) mod tests {
             ..Default::default()
         };
         format(&*dev, ident.clone(), opts).unwrap();
-        let cache = Arc::new(Cache::open(dev, backing, &ident, None).unwrap());
-        controller(Some(cache), persist)
+        Arc::new(Cache::open(dev, backing, &ident, None).unwrap())
+    }
+
+    fn cached_with(
+        dev: Arc<dyn BlockDev>,
+        backing: Arc<dyn BlockDev>,
+        persist: Option<PersistFn>,
+    ) -> (Arc<Controller>, Arc<Timed>) {
+        controller(Some(test_cache(dev, backing)), persist)
     }
 
     pub(crate) fn passthrough() -> (Arc<Controller>, Arc<Timed>) {
@@ -1585,17 +1589,7 @@ pub(crate) mod tests {
     ) -> (Arc<Controller>, Arc<Timed>, Arc<MemcachedTier>) {
         let t = tier();
         let dev = Arc::new(MemDev::new(16 << 20));
-        let ident = BackingIdentity {
-            size: 8 << 20,
-            name: "test-backing".into(),
-            fingerprint: Vec::new(),
-        };
-        let opts = FormatOptions {
-            segment_size: 1 << 20,
-            ..Default::default()
-        };
-        format(&*dev, ident.clone(), opts).unwrap();
-        let cache = Arc::new(Cache::open(dev, t.clone(), &ident, None).unwrap());
+        let cache = test_cache(dev, t.clone());
         let (c, timed) = controller_with(Some(cache), persist, Some(t.clone()));
         (c, timed, t)
     }
