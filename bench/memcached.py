@@ -448,14 +448,15 @@ def report(args, machine, cells, runs, images, data_bytes, wall, out):
         lines.append("")
     srv = [r for r in runs if r.get("memcached_servers")]
     if srv:
-        lines += ["memcached at the end of each cell (sum over its servers; slab classes in use):", "",
+        lines += ["memcached at the end of each cell (sum over its servers; the slab classes in use, server by "
+                  "server: chunk bytes (chunks used)):", "",
                   "| run | limit MiB | bytes MiB | items | evictions | get hits | get misses | sets | CPU s "
                   "| slab chunk "
-                  "bytes (items) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+                  "bytes (chunks) |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         for r in srv:
             t = pool_totals(r["memcached_servers"])
-            slabs = "; ".join(sorted({f"{v['chunk_size']} ({v['used_chunks']:,})" for s in r["memcached_servers"]
-                                      for v in s["slabs"].values()}))
+            slabs = "; ".join(f"{v['chunk_size']} ({v['used_chunks']:,})" for s in r["memcached_servers"]
+                              for v in s["slabs"].values())
             lines.append(f"| {r['cell']['config']} r{r['round'] + 1} | {t['limit_maxbytes'] / 2**20:,.0f} | "
                          f"{t['bytes'] / 2**20:,.0f} | {t['curr_items']:,} | {t['evictions']:,} | "
                          f"{t['get_hits']:,} | {t['get_misses']:,} | {t['cmd_set']:,} | {t['cpu_seconds']:.1f} | "
@@ -522,11 +523,12 @@ def plot(path, cells, runs, rows, args):
         vals = [r["sysbench"]["tps"] for r in runs if r["key"] == oltp.cell_key(c)]
         ax.bar(i, by[oltp.cell_key(c)]["tps"], color=colors[i % len(colors)])
         ax.scatter([i] * len(vals), vals, s=9, color="black", zorder=3)
-        ax.text(i, by[oltp.cell_key(c)]["tps"], f"{by[oltp.cell_key(c)]['tps_ratio']:.2f}×", ha="center",
-                va="bottom", fontsize=8)
+        ax.annotate(f"{by[oltp.cell_key(c)]['tps_ratio']:.2f}×", (i, max([by[oltp.cell_key(c)]["tps"], *vals])),
+                    xytext=(0, 4), textcoords="offset points", ha="center", va="bottom", fontsize=8)
     ax.set_xticks(range(len(cells)))
     ax.set_xticklabels(names, fontsize=8)
     ax.set_ylabel("TPS (median; dots: rounds)")
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.08)
     ax.set_title("sysbench oltp_read_write TPS; label: ratio over flashtier pass-through without memcached")
     ax = axes[1]
     hits = [by[oltp.cell_key(c)]["memcached_hit_pct"] for c in cells]

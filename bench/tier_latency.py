@@ -137,11 +137,11 @@ def main():
 
     def ctl(t):
         return ["--control-socket", str(controls[t]), "--stats-file", str(RUNDIR / f"{t}.stats")]
-    mc_extra = ["--memcached", pool.arg, "--memcached-mode", "inclusive",
+    mc_args = ["--memcached", pool.arg, "--memcached-mode", "inclusive",
                 *(["--memcached-timeout-ms", str(args.memcached_timeout_ms)] if args.memcached_timeout_ms else [])]
     threads = ["--threads", str(args.threads)] if args.threads else []
     servers = {"memcached": bl.flashtier_serve(binary, slow.uri, rd / "ft-mc.sock", rd / "ft-mc.log",
-                                               extra=[*ctl("memcached"), *threads, *mc_extra])}
+                                               extra=[*ctl("memcached"), *threads, *mc_args])}
     cache = work / f"ssd-cache-{args.cache_mib}M.img"
     fmt_out = bl.flashtier_format(binary, cache, slow.uri, args.cache_mib << 20)
     bl.evict_from_page_cache(cache)
