@@ -270,15 +270,11 @@ impl BlockDev for MemcachedTier {
     }
 
     fn describe(&self) -> String {
+        let n = self.pool.len();
         format!(
-            "{} with a memcached tier ({} server{})",
+            "{} with a memcached tier ({n} server{})",
             self.below.describe(),
-            self.pool.servers().len(),
-            if self.pool.servers().len() == 1 {
-                ""
-            } else {
-                "s"
-            }
+            if n == 1 { "" } else { "s" }
         )
     }
 

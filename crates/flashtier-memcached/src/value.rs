@@ -27,6 +27,12 @@ use crate::versions::Tag;
 pub const HEADER: usize = 28;
 const MAGIC: &[u8; 4] = b"FTM1";
 
+/// The namespace of a cache whose identity is `identity` (e.g. the backing store's identity as
+/// text): the ring's stable hash, the same on every host and build.
+pub fn namespace_of(identity: &[u8]) -> u64 {
+    crate::client::ring::hash(identity)
+}
+
 /// The key prefix of one tier instance (namespace and generation).
 #[derive(Clone, Debug)]
 pub struct KeySpace {

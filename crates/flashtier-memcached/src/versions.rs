@@ -127,19 +127,20 @@ impl Versions {
         count: u64,
         mut each: impl FnMut(u64, Option<Tag>),
     ) {
-        let mut ended = Slots::new();
-        for &(i, before) in begun.slots.iter() {
-            let at_end = self.slots[i].fetch_add(END, Ordering::AcqRel);
-            let after = Tag(at_end.wrapping_add(END));
-            let alone = after.quiet() && after.seq() == (Tag(before).seq() + 2) & SEQ_MASK;
-            ended.push((i, if alone { after.0 } else { u64::MAX }));
-        }
+        // In `begun`'s order: the slot of range `start + k` (wrapping the table) is at `k`.
+        let ended: SmallVec<[Option<Tag>; 8]> = begun
+            .slots
+            .iter()
+            .map(|&(i, before)| {
+                let at_end = self.slots[i].fetch_add(END, Ordering::AcqRel);
+                let after = Tag(at_end.wrapping_add(END));
+                let alone = after.quiet() && after.seq() == (Tag(before).seq() + 2) & SEQ_MASK;
+                alone.then_some(after)
+            })
+            .collect();
+        let start = first / BLOCKS_PER_SLOT;
         for block in first..first + count {
-            let i = self.slot(block);
-            let tag = ended
-                .iter()
-                .find(|&&(s, _)| s == i)
-                .and_then(|&(_, t)| (t != u64::MAX).then_some(Tag(t)));
+            let tag = ended[((block / BLOCKS_PER_SLOT - start) % ended.len() as u64) as usize];
             each(block, tag);
         }
     }

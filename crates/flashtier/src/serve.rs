@@ -12,7 +12,7 @@ use flashtier_control::{
     ControlError, ControlPlane, ControlPlaneOptions, Controller, ControllerOptions, DetachOptions,
     PersistFn, Switchable, Timed,
 };
-use flashtier_engine::{Cache, Mode};
+use flashtier_engine::{BackingIdentity, Cache, Mode};
 use flashtier_io::BlockDev;
 use flashtier_nbd::tls::{ServerTls, ServerTlsOptions, TlsMode};
 use flashtier_nbd::{Export, ListenAddr, Listener, Server, ServerConfig, ShutdownHandle};
@@ -316,9 +316,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             read_only: args.read_only,
         },
     )?;
+    let identity = backing_identity(&args.backing, backing.info().size)?;
     let memcached = match &args.memcached {
         None => None,
-        Some(servers) => Some(open_memcached(servers, &args, backing.clone())?),
+        Some(servers) => Some(open_memcached(servers, &args, &identity, backing.clone())?),
     };
     // The memcached tier stands where the backing store was: below the cache, or exported.
     let backing: Arc<dyn BlockDev> = match &memcached {
@@ -327,7 +328,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let cache = match &args.cache {
         None => None,
-        Some(path) => Some(open_cache(path, &args, backing.clone())?),
+        Some(path) => Some(open_cache(path, &args, &identity, backing.clone())?),
     };
     let inner: Arc<dyn BlockDev> = match &cache {
         Some(c) => c.clone(),
@@ -337,7 +338,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let export = Arc::new(Switchable::new(inner));
     // Every request the clients make is timed, cache or pass-through.
     let timed = Arc::new(Timed::new(export.clone()));
-    let identity = backing_identity(&args.backing, backing.info().size)?;
     let backing_spec = args.backing.clone();
     let controller = Arc::new(Controller::new(ControllerOptions {
         version: crate::VERSION.into(),
@@ -568,17 +568,17 @@ fn start_control_plane(
 fn open_cache(
     path: &str,
     args: &Settings,
+    identity: &BackingIdentity,
     backing: Arc<dyn BlockDev>,
 ) -> anyhow::Result<Arc<Cache>> {
     if backing.info().read_only || args.read_only {
         anyhow::bail!("a cache needs a writable backing store (drop --read-only or --cache)");
     }
-    let identity = backing_identity(&args.backing, backing.info().size)?;
     let dev = open_cache_device(path)?;
     if let Some(opts) = &args.adopt {
-        crate::adopt::adopt_new_backing(&*dev, path, &identity, opts)?;
+        crate::adopt::adopt_new_backing(&*dev, path, identity, opts)?;
     }
-    let cache = Cache::open(dev, backing, &identity, args.mode)
+    let cache = Cache::open(dev, backing, identity, args.mode)
         .with_context(|| format!("cannot use cache {path}"))?;
     let r = cache.report();
     if r.clean_shutdown {
@@ -611,6 +611,7 @@ fn open_cache(
 fn open_memcached(
     servers: &[String],
     args: &Settings,
+    identity: &BackingIdentity,
     backing: Arc<dyn BlockDev>,
 ) -> anyhow::Result<Arc<flashtier_memcached::MemcachedTier>> {
     use flashtier_memcached::{MemcachedMode, MemcachedTier, Pool, PoolOptions};
@@ -622,8 +623,9 @@ fn open_memcached(
         },
     )
     .context("--memcached")?;
-    let identity = backing_identity(&args.backing, backing.info().size)?;
-    let namespace = fnv1a(format!("{identity:?}").as_bytes());
+    // Any rendering of the identity that is the same for the whole run will do: every start
+    // draws a new generation, so namespaces never need to match across builds.
+    let namespace = flashtier_memcached::value::namespace_of(format!("{identity:?}").as_bytes());
     let tier = MemcachedTier::new(backing, Arc::new(pool), namespace, args.memcached_mode)
         .context("cannot start the memcached tier")?;
     if args.memcached_mode == MemcachedMode::Victim {
@@ -634,13 +636,6 @@ fn open_memcached(
         tracing::warn!("{msg}");
     }
     Ok(Arc::new(tier))
-}
-
-/// FNV-1a, 64 bits: stable across builds and hosts (std's hasher is not), for the tier's namespace.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
 }
 
 /// Opens `flashtier attach --cache PATH` as `--cache` is opened, refusing the backing store

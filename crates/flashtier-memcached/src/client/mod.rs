@@ -17,7 +17,7 @@
 
 mod health;
 pub mod protocol;
-mod ring;
+pub(crate) mod ring;
 mod server;
 mod stats;
 
@@ -511,6 +511,11 @@ impl Pool {
     /// Whether the pool has no servers.
     pub fn is_empty(&self) -> bool {
         self.members().servers.is_empty()
+    }
+
+    /// How many servers the pool has, up or down.
+    pub fn len(&self) -> usize {
+        self.members().servers.len()
     }
 
     /// The address of the server `key` belongs to (whether or not it is up), or `None` in an
