@@ -6,7 +6,9 @@ WaffleGrid put memcached behind InnoDB's buffer pool of a disk-bound database an
 issue quotes it) 3.3× in its "non-LRU" mode, which stores pages as they come from disk, and 1.9× in
 its "LRU" mode, which stores only pages the buffer pool evicts. flashtier's tier has both modes:
 `inclusive` stores every block read from or written to the backing store, `victim` only blocks a
-faster tier evicts (none hands evictions down yet, so victim stores nothing: the report shows it).
+faster tier evicts. The faster tier that hands evictions down is flashtier's RAM tier standing
+directly on the memcached tier (`--ram-cache`, no SSD tier): without it victim stores nothing (the
+report shows it), with it the RAM tier plays the part InnoDB's buffer pool played for WaffleGrid.
 
 The database, workload and run are bench/oltp.py's (imported, not copied): ext4 on a loop device on
 nbdfuse on the NBD export, mariadbd with a buffer pool ~1/20 of the data, sysbench oltp_read_write
@@ -22,6 +24,11 @@ Cells:
   ft-pass+mc-quarter-inclusive  + memcached, inclusive, memory for --fraction (default 1/4) of the
                                 data's blocks
   ft-pass+mc-quarter-victim     the same memory, --memcached-mode victim
+  ft-pass+ram                   flashtier pass-through with a RAM tier (--ram-cache: --ram-fraction,
+                                default 1/8, of the data's bytes), no memcached
+  ft-pass+ram+mc-quarter-inclusive  the RAM tier on memcached for a quarter, inclusive
+  ft-pass+ram+mc-quarter-victim     the RAM tier on memcached for a quarter, victim: the RAM tier's
+                                evictions are what memcached stores (WaffleGrid's LRU mode)
 The memcached servers (--servers of them, default 2, on loopback ports; `-m` each so their total is
 the cell's memory) are started fresh for each cell and stopped after it. A 4 KiB block is stored as
 a ~4.1 KiB value plus a ~45-byte key, which lands in memcached 1.6's 4,544-byte slab class (230 per
@@ -68,18 +75,30 @@ MEMCACHED = "memcached"
 BLOCK = 4096
 ITEMS_PER_MIB = 230  # memcached 1.6, growth factor 1.25: a ~4.2 KiB item takes a 4,544-byte chunk
 
-# config -> (description, memory: None | "all" | "quarter", --memcached-mode)
+# config -> (description, memory: None | "all" | "quarter", --memcached-mode, with a RAM tier)
 CELLS = {
-    "slow": ("the slow disk alone", None, None),
-    oltp.PASS: ("flashtier pass-through, no memcached", None, None),
-    f"{oltp.PASS}+mc-all-inclusive": ("pass-through + memcached holding all the data, inclusive", "all", "inclusive"),
+    "slow": ("the slow disk alone", None, None, False),
+    oltp.PASS: ("flashtier pass-through, no memcached", None, None, False),
+    f"{oltp.PASS}+mc-all-inclusive": ("pass-through + memcached holding all the data, inclusive", "all", "inclusive",
+                                      False),
     f"{oltp.PASS}+mc-quarter-inclusive": ("pass-through + memcached for a quarter of the data, inclusive",
-                                          "quarter", "inclusive"),
+                                          "quarter", "inclusive", False),
     f"{oltp.PASS}+mc-quarter-victim": ("pass-through + memcached for a quarter of the data, victim",
-                                       "quarter", "victim"),
+                                       "quarter", "victim", False),
+    f"{oltp.PASS}+ram": ("pass-through + a RAM tier, no memcached", None, None, True),
+    f"{oltp.PASS}+ram+mc-quarter-inclusive": ("pass-through + a RAM tier on memcached for a quarter, inclusive",
+                                              "quarter", "inclusive", True),
+    f"{oltp.PASS}+ram+mc-quarter-victim": ("pass-through + a RAM tier on memcached for a quarter, victim (the RAM "
+                                           "tier's evictions stored)", "quarter", "victim", True),
 }
 BASE = oltp.PASS
 ALL_INC, Q_INC, Q_VIC = (f"{oltp.PASS}+mc-{x}" for x in ("all-inclusive", "quarter-inclusive", "quarter-victim"))
+RAM, RQ_INC, RQ_VIC = (f"{oltp.PASS}+ram{x}" for x in ("", "+mc-quarter-inclusive", "+mc-quarter-victim"))
+
+
+def ram_mib(data_bytes, args):
+    """The RAM tier's size for the data."""
+    return math.ceil(args.ram_fraction * data_bytes / (1 << 20))
 
 
 # --- memcached servers --------------------------------------------------------------------------
@@ -292,13 +311,15 @@ def warmed_bytes(img: Path, work: Path):
 
 
 def run_cell(cell, rnd, args, binary, work, images, logs_root, data_bytes):
-    _, kind, mode = CELLS[cell.config]
+    _, kind, mode, ram = CELLS[cell.config]
     pool, extra = None, []
     logs = logs_root / f"r{rnd}-{oltp.cell_key(cell).replace('/', '-')}"
     if kind:
         pool = MemcachedPool(args.servers, memory_mib(kind, data_bytes, args), logs)
         extra = ["--memcached", pool.arg, "--memcached-mode", mode,
                  *(["--memcached-timeout-ms", str(args.memcached_timeout_ms)] if args.memcached_timeout_ms else [])]
+    if ram:
+        extra += ["--ram-cache", f"{ram_mib(data_bytes, args)}M"]
     try:
         rec = oltp.one_run(cell, rnd, args, binary, work, images, {}, logs_root, serve_extra=extra,
                            warm=warmer(binary, pool, args.warm_passes))
@@ -322,7 +343,7 @@ def summarize(cells, runs, data_bytes, args):
     for row in rows:
         rs = [r for r in runs if r["key"] == row["key"]]
         cfg = row["cell"]["config"]
-        _, kind, mode = CELLS[cfg]
+        _, kind, mode, _ = CELLS[cfg]
         row["config"], row["mode"] = cfg, mode
         row["tps_ratio"] = row["tps"] / base["tps"] if base and base["tps"] else float("nan")
         row["memcached_mib_each"] = memory_mib(kind, data_bytes, args) if kind else None
@@ -371,6 +392,12 @@ def targets(rows):
     if Q_VIC in by and BASE in by:
         out.append(("a quarter, victim, vs no memcached: WaffleGrid's LRU 1.9×",
                     bl.check_target(ratio(Q_VIC, BASE), 1.9)))
+    if RQ_INC in by and RQ_VIC in by:
+        out.append(("with the RAM tier feeding victim, a quarter: inclusive ranked above victim, as WaffleGrid found "
+                    "(inclusive TPS ÷ victim TPS ≥ 1.0×)", bl.check_target(ratio(RQ_INC, RQ_VIC), 1.0)))
+    if RQ_VIC in by and RAM in by:
+        out.append(("with the RAM tier, a quarter, victim vs the RAM tier alone: WaffleGrid's LRU 1.9×",
+                    bl.check_target(ratio(RQ_VIC, RAM), 1.9)))
     return out
 
 
@@ -402,7 +429,8 @@ def report(args, machine, cells, runs, images, data_bytes, wall, out):
         "--backing <slow disk>` without --cache. memcached: "
         f"{args.servers} servers on loopback ({machine.get('memcached', '?')}), started empty for each cell; "
         f"'all' = {args.all_factor:g}× the allocated bytes, 'quarter' = room for {args.fraction:g} of the blocks at "
-        f"{ITEMS_PER_MIB} items per MiB. Every cell is warmed by reading the image's allocated ranges through "
+        f"{ITEMS_PER_MIB} items per MiB. The +ram cells: `--ram-cache {ram_mib(data_bytes, args)}M` "
+        f"({args.ram_fraction:g} of the allocated bytes; lru), directly on the memcached tier. Every cell is warmed by reading the image's allocated ranges through "
         f"the export, again while a pass missed blocks the pool failed to store and memcached still had room (at "
         f"most {args.warm_passes} passes); then {args.warmup} s of load (not counted) and {args.seconds} s measured. "
         "Figures are medians "
@@ -465,7 +493,7 @@ def report(args, machine, cells, runs, images, data_bytes, wall, out):
     lines += ["Per run (seconds, warm-up pass included): " + "; ".join(
         f"{r['cell']['config']} r{r['round'] + 1}: {r['run_seconds']:.0f} s (warm {r['warm']['seconds']:.0f} s)"
         for r in runs), "",
-        "A RAM tier in flashtier does not exist yet; bench/tier_latency.py compares the tiers that do.", "",
+        "bench/tier_latency.py compares the tiers' read latency (RAM, memcached, SSD, slow disk).", "",
         "![TPS, memcached hit % and per-10-second TPS of each cell](memcached.png)"]
     bl.write_results(out, "memcached", doc, lines)
     plot(out / "memcached.png", cells, runs, rows, args)
@@ -476,14 +504,21 @@ def explain(rows, args):
     """What the counters say about the result, from measured figures only."""
     by = {r["config"]: r for r in rows}
     out = []
+    for cfg in (RQ_VIC, RQ_INC):
+        if cfg in by:
+            v = by[cfg]
+            out.append(f"- {cfg}: memcached hit {fmt(v['memcached_hit_pct'], '.1f')}% of looked-up blocks during the "
+                       f"measured run, {v['tps_ratio']:.2f}× the TPS of no memcached"
+                       + (f", {v['tps'] / by[RAM]['tps']:.2f}× the RAM tier alone" if RAM in by and by[RAM]['tps']
+                          else "") + ".")
     if Q_VIC in by:
         v = by[Q_VIC]
         out.append(f"- victim stored {fmt(v['stored_after_warm'])} blocks while warming and hit "
                    f"{fmt(v['memcached_hit_pct'], '.1f')}% during the measured run: it stores only blocks a faster "
                    "tier "
-                   "evicts, and no tier hands evictions down yet (in these pass-through cells there is no faster tier "
-                   "at all: WaffleGrid's LRU mode got its victims from InnoDB's buffer pool, which flashtier cannot "
-                   "see). So victim runs as no memcached does, and that, not the mode's merit, ranks it below "
+                   "evicts, and without a RAM tier there is no faster tier in this cell (WaffleGrid's LRU mode got its "
+                   "victims from InnoDB's buffer pool, which flashtier cannot see; the +ram cells give victim one). "
+                   "So victim runs as no memcached does, and that, not the mode's merit, ranks it below "
                    "inclusive.")
     for cfg in (ALL_INC, Q_INC):
         if cfg in by and BASE in by and by[cfg]["backing_reads_per_txn"] == by[cfg]["backing_reads_per_txn"]:
@@ -599,6 +634,8 @@ def main():
     ap.add_argument("--warm-passes", type=int, default=4,
                     help="at most this many warm-up read passes: another while the last missed blocks the pool "
                          "failed to store and memcached has evicted nothing (default 4)")
+    ap.add_argument("--ram-fraction", type=float, default=0.125,
+                    help="the +ram cells' --ram-cache, × the data's allocated bytes (default 0.125)")
     ap.add_argument("--only", metavar="CELL,...", help=f"run only these cells ({', '.join(CELLS)})")
     args = ap.parse_args()
     if args.quick:

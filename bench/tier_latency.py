@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The grudge match: 4 KiB random read latency from each tier flashtier has, at queue depths 1-16.
 
-Three flashtier servers run side by side over one emulated slow disk (DESIGN.md §5: nbdkit
+Four flashtier servers run side by side over one emulated slow disk (DESIGN.md §5: nbdkit
 noparallel + --delay-ms (4 ms) per request + stats + log filters, on a file of random bytes), each
 answering reads from a different tier:
   memcached  `flashtier serve --backing <slow disk> --memcached A,B --memcached-mode inclusive`
@@ -12,7 +12,9 @@ answering reads from a different tier:
              into the cache (read passes until one promotes nothing)
   backing    `flashtier serve --backing <slow disk>` (pass-through, no memcached): every read is a
              slow-disk read
-  (a RAM tier does not exist in flashtier yet: no row for it, nothing faked)
+  ram        `flashtier serve --backing <slow disk> --ram-cache SIZE` (pass-through, no SSD tier: a
+             RAM-tier hit never goes below it, so what is under it does not change the hit path;
+             SIZE = 1.25 × the working set), the working set warmed into it
 
 The working set is the first --working-set-mib (default 256) of the disk. For each queue depth
 (--qds, default 1,2,4,8,16) and tier: fio --ioengine=nbd --rw=randread --bs=4k --iodepth=QD over
@@ -20,13 +22,13 @@ the working set, --ramp seconds then --runtime seconds (default 2 + 10), JSON ou
 rounds (default 2), the tiers' order rotating every run, all of one queue depth before the next.
 Reported per tier and queue depth (medians over rounds): IOPS, mean, p50 and p99 completion
 latency, the server's CPU per I/O, and proof of where the reads were answered: the tier's hit % over
-the run from flashtier's `stats --json` (memcached: hit ÷ looked-up blocks; ssd: read hit ÷ hit +
-miss blocks) and the slow disk's reads during the run per fio I/O (its log filter; ~0 for a hit,
+the run from flashtier's `stats --json` (memcached and ram: hit ÷ looked-up blocks; ssd: read hit
+÷ hit + miss blocks) and the slow disk's reads during the run per fio I/O (its log filter; ~0 for a hit,
 ~1 for the backing tier). The machine is shared and has 2 CPUs, which fio, flashtier and memcached
 share: the report says so and records the load average.
 
---quick: a 64 MiB working set, 1 round of 3 s (1 s ramp) per run, and checks that memcached and
-ssd hit ≥ 95% and the backing tier read the slow disk; a failure exits non-zero.
+--quick: a 64 MiB working set, 1 round of 3 s (1 s ramp) per run, and checks that memcached, ssd
+and ram hit ≥ 95% and the backing tier read the slow disk; a failure exits non-zero.
 
 Writes bench/results/tier_latency/tier_latency.{md,json,png} (--quick: /tmp/flashtier-bench-quick/tier_latency).
 Needs root (or a writable /run), fio, nbdkit, memcached, python3-libnbd.
@@ -46,6 +48,7 @@ import memcached as mcb
 import oltp
 
 TIERS = {
+    "ram": "RAM-tier hit: pass-through + --ram-cache (1.25 × the working set, lru), working set warmed",
     "memcached": "memcached hit: pass-through + memcached tier (inclusive), working set warmed into memcached",
     "ssd": "SSD-tier hit: --cache file on the local disk (write-back, O_DIRECT), working set warmed",
     "backing": "backing read: pass-through without memcached, every read from the slow disk",
@@ -63,6 +66,10 @@ def tier_hits(tier, before, after):
         d = {f: after.get(k, 0) - before.get(k, 0) for f in ("hit_blocks", "lookup_blocks")
              if (k := mcb.mc_key(after, f))}
         return d.get("hit_blocks"), d.get("lookup_blocks")
+    if tier == "ram":
+        d = [after.get(f"counters.ram_{f}", 0) - before.get(f"counters.ram_{f}", 0)
+             for f in ("hit_blocks", "lookup_blocks")]
+        return d[0], d[1]
     if tier == "ssd":
         h = after.get("counters.read_hit_blocks", 0) - before.get("counters.read_hit_blocks", 0)
         m = after.get("counters.read_miss_blocks", 0) - before.get("counters.read_miss_blocks", 0)
@@ -147,12 +154,15 @@ def main():
     bl.evict_from_page_cache(cache)
     servers["ssd"] = bl.flashtier_cache_serve(binary, cache, slow.uri, rd / "ft-ssd.sock", rd / "ft-ssd.log",
                                               threads=args.threads, extra=ctl("ssd"))
+    ram_mib = math.ceil(1.25 * ws / (1 << 20))
+    servers["ram"] = bl.flashtier_serve(binary, slow.uri, rd / "ft-ram.sock", rd / "ft-ram.log",
+                                        extra=[*ctl("ram"), *threads, "--ram-cache", f"{ram_mib}M"])
     servers["backing"] = bl.flashtier_serve(binary, slow.uri, rd / "ft-pass.sock", rd / "ft-pass.log",
                                             extra=[*ctl("backing"), *threads])
-    for s, t in zip(servers.values(), TIERS):
+    for t, s in servers.items():
         s.name = f"flashtier-{t}"
     print(f"memcached: {args.servers} × {mc_mib} MiB on {pool.arg}", flush=True)
-    warmups = {t: warm(t, servers[t], binary, controls[t], ws) for t in ("memcached", "ssd")}
+    warmups = {t: warm(t, servers[t], binary, controls[t], ws) for t in ("memcached", "ssd", "ram")}
     mc_after_warm = pool.stats()
 
     samples = []
@@ -160,7 +170,7 @@ def main():
     k = 0
     for rnd in range(args.rounds):
         for qd in qds:
-            order = tiers[k % 3:] + tiers[:k % 3]
+            order = tiers[k % len(tiers):] + tiers[:k % len(tiers)]
             k += 1
             for t in order:
                 before = counters(binary, controls[t])
@@ -241,7 +251,7 @@ def check(rows):
     """Where a row's reads were not answered by its tier."""
     bad = []
     for r in rows:
-        if r["tier"] in ("memcached", "ssd") and not (r["hit_pct"] is not None and r["hit_pct"] >= 95):
+        if r["tier"] in ("memcached", "ssd", "ram") and not (r["hit_pct"] is not None and r["hit_pct"] >= 95):
             bad.append(f"{r['tier']} QD{r['qd']}: hit % {r['hit_pct']} (< 95)")
         if r["tier"] == "backing" and not (r["slow_reads_per_io"] or 0) > 0.9:
             bad.append(f"backing QD{r['qd']}: {r['slow_reads_per_io']} slow-disk reads per I/O (< 0.9)")
@@ -277,21 +287,21 @@ def write_report(args, machine, doc, rows, qds, out):
         lines.append(f"| {r['tier']} | {r['qd']} | {f_(r['iops'])} | {f_(r['lat_mean_us'])} | {f_(r['lat_p50_us'])} | "
                      f"{f_(r['lat_p99_us'])} | {f_(r['hit_pct'], '.1f')} | {f_(r['slow_reads_per_io'], '.3f')} | "
                      f"{f_(r['cpu_us_per_io'], '.1f')} |")
-    lines += ["", "| RAM tier | — | — | — | — | — | — | — | — |", "",
-              "A RAM tier does not exist in flashtier yet: it has no row above (nothing is faked).", "",
-              "Tiers: " + "; ".join(f"**{k}**: {v}" for k, v in TIERS.items()), ""]
+    lines += ["", "Tiers: " + "; ".join(f"**{k}**: {v}" for k, v in TIERS.items()), ""]
     by = {(r["tier"], r["qd"]): r for r in rows}
     comp = []
     for qd in qds:
-        m, s, b = by.get(("memcached", qd)), by.get(("ssd", qd)), by.get(("backing", qd))
-        if m and s and b and m["lat_mean_us"] and s["lat_mean_us"]:
+        m, s, b, r = (by.get((t, qd)) for t in ("memcached", "ssd", "backing", "ram"))
+        if m and s and b and r and m["lat_mean_us"] and s["lat_mean_us"] and r["lat_mean_us"]:
             comp.append(f"| {qd} | {m['lat_mean_us'] / s['lat_mean_us']:.2f}× | "
                         f"{b['lat_mean_us'] / m['lat_mean_us']:.1f}× "
-                        f"| {m['iops'] / s['iops']:.2f}× |")
+                        f"| {m['iops'] / s['iops']:.2f}× | {r['lat_mean_us'] / s['lat_mean_us']:.2f}× "
+                        f"| {r['iops'] / s['iops']:.2f}× |")
     if comp:
         lines += ["Ratios (from the medians above):", "",
-                  "| QD | memcached ÷ ssd mean latency | backing ÷ memcached mean latency | memcached ÷ ssd IOPS |",
-                  "|---:|---:|---:|---:|", *comp, ""]
+                  "| QD | memcached ÷ ssd mean latency | backing ÷ memcached mean latency | memcached ÷ ssd IOPS "
+                  "| ram ÷ ssd mean latency | ram ÷ ssd IOPS |",
+                  "|---:|---:|---:|---:|---:|---:|", *comp, ""]
     if doc["problems"]:
         lines += ["**Hit checks failed** (the rows named were not all answered by their tier):", "",
                   *[f"- {p}" for p in doc["problems"]], ""]
@@ -314,7 +324,7 @@ def write_report(args, machine, doc, rows, qds, out):
 
 def plot(path, rows, qds, args):
     plt = bl.pyplot()
-    colors = {"memcached": "tab:green", "ssd": "tab:blue", "backing": "tab:red"}
+    colors = {"ram": "tab:purple", "memcached": "tab:green", "ssd": "tab:blue", "backing": "tab:red"}
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     ax = axes[0]
     for t in TIERS:
@@ -330,7 +340,7 @@ def plot(path, rows, qds, args):
     ax.set_yscale("log")
     ax.set_xlabel("queue depth")
     ax.set_ylabel("latency µs (log)")
-    ax.set_title("4 KiB random read latency (RAM tier: does not exist yet)")
+    ax.set_title("4 KiB random read latency")
     ax.legend(fontsize=8)
     ax = axes[1]
     for t in TIERS:

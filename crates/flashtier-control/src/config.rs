@@ -82,6 +82,10 @@ pub struct ServeConfig {
     pub trace: Option<String>,
     /// The cache device's rated endurance in TB written, for the wear forecast.
     pub endurance_tbw: Option<f64>,
+    /// The RAM tier's size, canonical (`512M`, `4G`, ...); none: no RAM tier.
+    pub ram_cache: Option<String>,
+    /// The order the RAM tier evicts in: `lru` or `fifo`.
+    pub ram_cache_policy: Option<String>,
     /// The memcached tier's servers, `HOST:PORT` separated by commas; none: no memcached tier.
     pub memcached: Option<String>,
     /// What the memcached tier stores: `inclusive` or `victim`.
@@ -304,6 +308,31 @@ fn tls_mode(v: &str) -> Option<String> {
 
 fn mode(v: &str) -> Option<String> {
     Mode::from_str(v).ok().map(|m| m.name().to_string())
+}
+
+/// The smallest RAM tier: one 4 KiB block.
+const MIN_RAM_CACHE: u64 = 4096;
+
+/// A size of at least [`MIN_RAM_CACHE`] as `parse_size` takes it, written with the largest
+/// binary unit that divides it exactly (`536870912` and `512MiB` become `512M`).
+fn ram_cache_size(v: &str) -> Option<String> {
+    let n = crate::render::parse_size(v)
+        .ok()
+        .filter(|&n| n >= MIN_RAM_CACHE)?;
+    let unit = [("T", 40), ("G", 30), ("M", 20), ("K", 10)]
+        .into_iter()
+        .find(|&(_, shift)| n.trailing_zeros() >= shift);
+    Some(match unit {
+        Some((unit, shift)) => format!("{}{unit}", n >> shift),
+        None => n.to_string(),
+    })
+}
+
+fn ram_cache_policy(v: &str) -> Option<String> {
+    v.trim()
+        .parse::<flashtier_ram::RamPolicy>()
+        .ok()
+        .map(|p| p.to_string())
 }
 
 fn memcached_servers(v: &str) -> Option<String> {
@@ -646,6 +675,44 @@ pub const SERVE_KEYS: &[KeyInfo] = &[
         access: field!(endurance_tbw),
     },
     KeyInfo {
+        name: "ram_cache",
+        doc: "A RAM tier of this size: the hottest clean blocks in this process's memory, above \
+              the SSD tier ({cache}); with no {cache} it sits on the memcached tier \
+              ({memcached}) or the backing store. Reads of whole 4 KiB blocks, up to 1 MiB each, \
+              are answered from it and kept in it; other reads pass through. Writes go through \
+              to the tier below, so the RAM tier only ever holds clean copies (a write drops or \
+              replaces them). Memory is bounded: the size (rounded down to whole 4 KiB blocks) \
+              plus about 1% for its index and a version table of up to 32 MiB. Its hits, \
+              evictions and memory are counted in `flashtier status` and `flashtier stats`.",
+        default: "none, no RAM tier",
+        default_is_value: false,
+        allowed: "a size of 4K or more, in bytes or with K, M, G, T (binary multiples), e.g. \
+                  512M, 4G",
+        value_name: "SIZE",
+        kind: Kind::Text {
+            empty: false,
+            check: Some(ram_cache_size),
+        },
+        example: Example::Commented("\"4G\""),
+        access: field!(ram_cache),
+    },
+    KeyInfo {
+        name: "ram_cache_policy",
+        doc: "The order the RAM tier ({ram_cache}) evicts in when it is full (the SSD tier's \
+              reclaim_policy family): lru (the block read least recently first) or fifo (the \
+              block kept longest first; hits do not reorder).",
+        default: "\"lru\"",
+        default_is_value: true,
+        allowed: flashtier_ram::store::POLICIES,
+        value_name: "lru|fifo",
+        kind: Kind::Text {
+            empty: false,
+            check: Some(ram_cache_policy),
+        },
+        example: Example::Default,
+        access: field!(ram_cache_policy),
+    },
+    KeyInfo {
         name: "memcached",
         doc: "A pool of memcached servers as a second-level cache of clean blocks (WaffleGrid's \
               idea), between the cache and the backing store, or in front of the backing store \
@@ -669,9 +736,11 @@ pub const SERVE_KEYS: &[KeyInfo] = &[
         name: "memcached_mode",
         doc: "What the memcached tier stores: inclusive (blocks read from and written to the \
               backing store; a hit leaves them there) or victim (blocks a faster tier evicts; a \
-              hit removes them). The tiers above do not hand their evictions down yet, so victim \
-              stores nothing for now. Change it live with `flashtier memcached mode MODE` or \
-              `flashtier set memcached_mode MODE`.",
+              hit removes them). Victim mode stores the blocks the RAM tier ({ram_cache}) evicts \
+              when the RAM tier sits directly on the memcached tier (no {cache}); the SSD tier \
+              does not hand its evictions down yet, so when {cache} is set victim stores nothing. \
+              Change it live with `flashtier memcached mode MODE` or `flashtier set \
+              memcached_mode MODE`.",
         default: "\"inclusive\"",
         default_is_value: true,
         allowed: "inclusive | victim",
@@ -1294,6 +1363,8 @@ metrics_listen = ":9633"
 stats_file = "/run/flashtier/stats"
 trace = "/var/lib/flashtier/db.trace"
 endurance_tbw = 600
+ram_cache = "512MiB"
+ram_cache_policy = "fifo"
 memcached = "10.0.0.5:11211, 10.0.0.6:11211"
 memcached_mode = "victim"
 memcached_timeout_ms = 20
@@ -1345,6 +1416,8 @@ writeback_max_io_kib = 512
             stats_file: Some("/run/flashtier/stats".into()),
             trace: Some("/var/lib/flashtier/db.trace".into()),
             endurance_tbw: Some(600.0),
+            ram_cache: Some("512M".into()),
+            ram_cache_policy: Some("fifo".into()),
             memcached: Some("10.0.0.5:11211,10.0.0.6:11211".into()),
             memcached_mode: Some("victim".into()),
             memcached_timeout_ms: Some(20),
@@ -1593,6 +1666,75 @@ writeback_max_io_kib = 512
                 assert!(e.contains(s), "{text:?}: {e:?} does not say {s:?}");
             }
         }
+    }
+
+    /// `ram_cache` takes a size of at least one block and writes it canonically;
+    /// `ram_cache_policy` takes the RAM tier's eviction orders.
+    #[test]
+    fn ram_cache_keys_take_sizes_and_policies() {
+        let key = |name: &str| SERVE_KEYS.iter().find(|k| k.name == name).unwrap();
+        for (given, canonical) in [
+            ("64M", "64M"),
+            ("64MiB", "64M"),
+            ("67108864", "64M"),
+            (" 1g ", "1G"),
+            ("4096", "4K"),
+            ("1536K", "1536K"),
+            ("5000", "5000"),
+            ("2T", "2T"),
+        ] {
+            let text = format!("[serve]\nram_cache = \"{given}\"\n");
+            let c = parse(path(), &text).unwrap_or_else(|e| panic!("{given}: {e}"));
+            assert_eq!(c.serve.ram_cache.as_deref(), Some(canonical), "{given}");
+            assert_eq!(
+                key("ram_cache").parse_arg(given),
+                Ok(OptValue::Text(canonical.into()))
+            );
+        }
+        for bad in ["0", "lots", "4095", "-1M", "99999999999T"] {
+            let e = err(&format!("[serve]\nram_cache = \"{bad}\"\n"));
+            for says in [
+                ":2:",
+                "[serve] ram_cache",
+                bad,
+                "allowed a size of 4K or more",
+            ] {
+                assert!(e.contains(says), "{bad}: {e:?} does not say {says:?}");
+            }
+            let e = key("ram_cache").parse_arg(bad).unwrap_err();
+            assert!(e.contains("4K or more"), "{bad}: {e}");
+        }
+        let e = err("[serve]\nram_cache = 4096\n");
+        assert!(e.contains("ram_cache") && e.contains("string"), "{e}");
+
+        for policy in ["lru", "fifo", " fifo "] {
+            let text = format!("[serve]\nram_cache_policy = \"{policy}\"\n");
+            let c = parse(path(), &text).unwrap();
+            assert_eq!(c.serve.ram_cache_policy.as_deref(), Some(policy.trim()));
+        }
+        let e = err("[serve]\nram_cache_policy = \"random\"\n");
+        for says in [
+            ":2:",
+            "[serve] ram_cache_policy",
+            "\"random\"",
+            "allowed lru | fifo",
+        ] {
+            assert!(e.contains(says), "{e:?} does not say {says:?}");
+        }
+        let e = key("ram_cache_policy").parse_arg("random").unwrap_err();
+        assert_eq!(e, "allowed lru | fifo");
+
+        // No RAM tier unless asked; LRU when there is one.
+        let d = ServeConfig::default().with_defaults();
+        assert_eq!(d.ram_cache, None);
+        assert_eq!(d.ram_cache_policy.as_deref(), Some("lru"));
+        let help = key("ram_cache").help_doc();
+        assert!(
+            help.contains("--cache") && help.contains("--memcached"),
+            "{help}"
+        );
+        assert!(help.ends_with("[default: none, no RAM tier]"), "{help}");
+        assert!(key("memcached_mode").help_doc().contains("--ram-cache"));
     }
 
     #[test]

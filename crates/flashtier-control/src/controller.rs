@@ -15,6 +15,10 @@
 //! sits below the cache, so detach and attach leave it alone. Its counters join the others
 //! (`memcached_*`, `memcached_pool_*`), its mode is the live parameter `memcached_mode`, and
 //! `{"op":"memcached"}` requests add and remove its servers and turn it on and off.
+//!
+//! A server may have a RAM tier too (`serve --ram-cache`), above the cache (or above the
+//! memcached tier or the backing store without one); it is not part of what detach and attach
+//! swap either. Its counters join the others (`ram_*`) and its sizes are the report's `ram`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,6 +32,7 @@ use flashtier_engine::{
 use flashtier_io::BlockDev;
 use flashtier_memcached::client::{ClientError as PoolError, Health, LatencySnapshot, ServerStats};
 use flashtier_memcached::{MemcachedMode, MemcachedTier, TierStats};
+use flashtier_ram::{RamStats, RamTier};
 use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 
@@ -36,7 +41,7 @@ use crate::protocol::MemcachedRequest;
 use crate::report::{
     read_hit_pct, write_hit_pct, CacheStatus, Derived, JobReport, LatencyReport, MemcachedLatency,
     MemcachedReport, MemcachedServerCounters, MemcachedServerReport, MemcachedTierCounters,
-    Ordered, Report, StatusReport, Wear, LATENCY_BUCKETS_US,
+    Ordered, RamCounters, RamReport, Report, StatusReport, Wear, LATENCY_BUCKETS_US,
 };
 use crate::scrub_job::{ScrubError, Scrubber};
 use crate::switch::Switchable;
@@ -228,6 +233,9 @@ pub struct ControllerOptions {
     pub detach: Option<DetachOptions>,
     /// The memcached tier below the cache (or exported itself), if the server has one.
     pub memcached: Option<Arc<MemcachedTier>>,
+    /// The RAM tier above the cache (or above the memcached tier or the backing store without
+    /// one), if the server has one: its counters and sizes join the report.
+    pub ram: Option<Arc<RamTier>>,
 }
 
 /// What `detach` and `attach` work with.
@@ -319,6 +327,21 @@ fn tier_counters(s: &TierStats) -> MemcachedTierCounters {
         stored_blocks: s.stored_blocks,
         store_failures: s.store_failures,
         removed_blocks: s.removed_blocks,
+        bypassed_requests: s.bypassed_requests,
+    }
+}
+
+/// The RAM tier's counters (its sizes apart).
+fn ram_counters(s: &RamStats) -> RamCounters {
+    RamCounters {
+        lookup_blocks: s.lookup_blocks,
+        hit_blocks: s.hit_blocks,
+        miss_blocks: s.miss_blocks,
+        inserted_blocks: s.inserted_blocks,
+        evicted_blocks: s.evicted_blocks,
+        invalidated_blocks: s.invalidated_blocks,
+        updated_blocks: s.updated_blocks,
+        reread_requests: s.reread_requests,
         bypassed_requests: s.bypassed_requests,
     }
 }
@@ -439,6 +462,7 @@ pub struct Controller {
     /// Each memcached server's statistics at the last reset-stats (the pool's only grow, as the
     /// engine's do); a server added since has none and counts from zero.
     pool_baseline: Mutex<HashMap<String, ServerStats>>,
+    ram: Option<Arc<RamTier>>,
 }
 
 impl Controller {
@@ -466,6 +490,7 @@ impl Controller {
             setting: Mutex::new(()),
             memcached: opts.memcached,
             pool_baseline: Mutex::default(),
+            ram: opts.ram,
         };
         let raw = c.raw_counters();
         *c.sampler.lock() = Sampler::new(0, &raw);
@@ -501,6 +526,10 @@ impl Controller {
     fn raw_counters(&self) -> Counters {
         let mut c = self.att.read().engine_counters();
         c.extend(self.lat.counters());
+        if let Some(ram) = &self.ram {
+            let counters = ram_counters(&ram.stats());
+            c.extend(RamCounters::NAMES.into_iter().zip(counters.values()));
+        }
         if let Some(tier) = &self.memcached {
             let counters = tier_counters(&tier.stats());
             c.extend(
@@ -562,6 +591,7 @@ impl Controller {
             used_pct: cache_status.map(|c| c.used_pct),
         };
         let wear = self.wear(now, &raw);
+        let ram = self.ram_report(&counters);
         let memcached = self.memcached_report(&counters);
         Report {
             status,
@@ -577,6 +607,7 @@ impl Controller {
                 .collect(),
             latency: self.latency_report(),
             wear,
+            ram,
             memcached,
             params: self.param_values(),
             generated_unix_ms: SystemTime::now()
@@ -597,6 +628,22 @@ impl Controller {
                 .push((MEMCACHED_MODE.into(), tier.mode().to_string()));
         }
         params
+    }
+
+    /// The RAM tier's part of the report: its sizes now, and its counters from `counters`, the
+    /// report's (since the last reset), so they are the same numbers as theirs.
+    fn ram_report(&self, counters: &Ordered<u64>) -> Option<RamReport> {
+        let tier = self.ram.as_ref()?;
+        let s = tier.stats();
+        let counters = RamCounters::from_counters(counters);
+        Some(RamReport {
+            policy: tier.policy().to_string(),
+            capacity_bytes: s.capacity_bytes,
+            used_bytes: s.used_bytes,
+            memory_bytes: s.memory_bytes,
+            hit_pct: counters.hit_pct(),
+            counters,
+        })
     }
 
     /// The memcached tier's part of the report; `counters` are the report's (since the last
@@ -1517,6 +1564,7 @@ pub(crate) mod tests {
     use crate::timed::Timed;
     use flashtier_engine::{format, BackingIdentity, FormatOptions, PARAMS};
     use flashtier_memcached::{Pool, PoolOptions};
+    use flashtier_ram::RamPolicy;
     use flashtier_testkit::MemDev;
 
     /// A controller over a write-back cache on memory devices (1 MiB segments, 16 MiB cache,
@@ -1608,10 +1656,44 @@ pub(crate) mod tests {
         persist: Option<PersistFn>,
         memcached: Option<Arc<MemcachedTier>>,
     ) -> (Arc<Controller>, Arc<Timed>) {
-        let inner: Arc<dyn BlockDev> = match (&cache, &memcached) {
-            (Some(c), _) => c.clone(),
-            (None, Some(t)) => t.clone(),
-            (None, None) => Arc::new(MemDev::new(8 << 20)),
+        controller_stacked(cache, persist, memcached, None)
+    }
+
+    /// A RAM tier of `bytes` evicting in `policy` order over an 8 MiB memory backing store,
+    /// without a cache.
+    pub(crate) fn ram_tier(bytes: u64, policy: RamPolicy) -> Arc<RamTier> {
+        Arc::new(RamTier::new(
+            Arc::new(MemDev::new(8 << 20)),
+            bytes,
+            policy,
+            None,
+        ))
+    }
+
+    /// A controller over a RAM tier ([`ram_tier`]) without a cache, the device clients use, and
+    /// the tier.
+    pub(crate) fn ram_only(
+        bytes: u64,
+        policy: RamPolicy,
+    ) -> (Arc<Controller>, Arc<Timed>, Arc<RamTier>) {
+        let t = ram_tier(bytes, policy);
+        let (c, dev) = controller_stacked(None, None, None, Some(t.clone()));
+        (c, dev, t)
+    }
+
+    /// [`controller_with`] with a RAM tier, which clients then reach first (it sits on the rest
+    /// already).
+    fn controller_stacked(
+        cache: Option<Arc<Cache>>,
+        persist: Option<PersistFn>,
+        memcached: Option<Arc<MemcachedTier>>,
+        ram: Option<Arc<RamTier>>,
+    ) -> (Arc<Controller>, Arc<Timed>) {
+        let inner: Arc<dyn BlockDev> = match (&ram, &cache, &memcached) {
+            (Some(r), _, _) => r.clone(),
+            (None, Some(c), _) => c.clone(),
+            (None, None, Some(t)) => t.clone(),
+            (None, None, None) => Arc::new(MemDev::new(8 << 20)),
         };
         let timed = Arc::new(Timed::new(inner));
         let c = Controller::new(ControllerOptions {
@@ -1624,6 +1706,7 @@ pub(crate) mod tests {
             persist,
             detach: None,
             memcached,
+            ram,
         });
         (Arc::new(c), timed)
     }
@@ -1669,6 +1752,7 @@ pub(crate) mod tests {
                 mode: None,
             }),
             memcached: None,
+            ram: None,
         });
         (Arc::new(c), timed, backing)
     }
@@ -2729,6 +2813,206 @@ pub(crate) mod tests {
         assert_eq!(m.servers[0].counters, MemcachedServerCounters::default());
         assert_eq!(m.tier.lookup_blocks, 4);
         assert!(t.pool().totals().gets >= m.pool.gets);
+    }
+
+    /// What `flashtier status` says on its `ram` row.
+    fn ram_row(r: &Report) -> String {
+        let status = r.render_status();
+        let row = status.lines().find_map(|l| l.strip_prefix("ram "));
+        row.unwrap_or_else(|| panic!("no ram row:\n{status}"))
+            .trim()
+            .to_string()
+    }
+
+    /// Without a RAM tier, nothing of it shows in the report or any rendering of it.
+    #[test]
+    fn without_a_ram_tier_nothing_of_it_shows() {
+        for (c, _) in [cached(None), passthrough()] {
+            let r = c.report();
+            assert_eq!(r.ram, None);
+            assert!(!r.counters.iter().any(|(k, _)| k.starts_with("ram_")));
+            assert!(!r.to_prometheus().contains("flashtier_ram_"));
+            assert!(!r.render_status().lines().any(|l| l.starts_with("ram ")));
+            assert!(!r.render_table().contains("ram"));
+            assert!(!r.to_stats_text().contains("\nram_"));
+        }
+        let (c, ..) = memcached_only();
+        assert_eq!(c.report().ram, None);
+    }
+
+    /// A RAM tier of 64 blocks over a memory backing store: reads through it show as the
+    /// `ram_*` counters and the `ram` section in the report, the status, the stats table and
+    /// text and Prometheus; reset-stats zeroes the counters and leaves the sizes.
+    #[test]
+    fn a_ram_tier_shows_everywhere_and_resets_with_the_rest() {
+        let (c, dev, t) = ram_only(256 << 10, RamPolicy::Lru);
+        let r = c.report();
+        let ram = r.ram.as_ref().unwrap();
+        assert_eq!(ram.counters, RamCounters::default());
+        assert_eq!((ram.used_bytes, ram.hit_pct), (0, None));
+        assert!(
+            ram_row(&r).ends_with("no blocks looked up yet, 0 evicted"),
+            "{r:?}"
+        );
+
+        let mut buf = vec![0u8; 16 << 12];
+        dev.read_at(&mut buf, 0).unwrap(); // 16 misses, kept
+        dev.read_at(&mut buf, 0).unwrap(); // 16 hits
+        dev.read_at(&mut [0u8; 512], 0).unwrap(); // not a whole block: bypassed
+        dev.write_at(&[7u8; 4096], 0, false).unwrap(); // block 0 held: updated
+        dev.trim(4096, 4096).unwrap(); // block 1 held: invalidated
+        c.tick();
+        let r = c.report();
+        let ram = r.ram.as_ref().unwrap();
+        let expected = RamCounters {
+            lookup_blocks: 32,
+            hit_blocks: 16,
+            miss_blocks: 16,
+            inserted_blocks: 16,
+            evicted_blocks: 0,
+            invalidated_blocks: 1,
+            updated_blocks: 1,
+            reread_requests: 0,
+            bypassed_requests: 1,
+        };
+        assert_eq!(ram.counters, expected);
+        assert_eq!(RamCounters::from_counters(&r.counters), expected);
+        assert_eq!(ram_counters(&t.stats()), expected);
+        for (name, v) in RamCounters::NAMES.into_iter().zip(expected.values()) {
+            assert_eq!(r.counters.get(name), Some(&v), "{name}");
+            let total = r.windows.get("total").unwrap();
+            assert_eq!(total.get(name), Some(&v), "{name} in the total window");
+        }
+        let stats = t.stats();
+        assert_eq!(ram.policy, "lru");
+        assert_eq!(ram.capacity_bytes, 256 << 10);
+        assert_eq!(ram.used_bytes, 15 << 12);
+        assert_eq!(ram.memory_bytes, stats.memory_bytes);
+        assert!(ram.memory_bytes > ram.capacity_bytes, "{ram:?}");
+        assert_eq!(ram.hit_pct, Some(50.0));
+
+        let memory = crate::render::fmt_bytes(ram.memory_bytes);
+        assert_eq!(
+            ram_row(&r),
+            format!(
+                "lru, 60.00 KiB of 256.00 KiB held, {memory} of memory, hits 16 of 32 blocks \
+                 looked up (50.0%), 0 evicted"
+            )
+        );
+        let table = r.render_table();
+        assert!(table.contains("ram hit %"), "{table}");
+        assert!(
+            table.contains("\nram: lru, 60.00 KiB of 256.00 KiB held"),
+            "{table}"
+        );
+        let text = r.to_stats_text();
+        for line in [
+            "ram_lookup_blocks 32",
+            "ram_hit_blocks 16",
+            "ram_invalidated_blocks 1",
+            "ram_updated_blocks 1",
+            "ram_bypassed_requests 1",
+            "ram_policy lru",
+            "ram_capacity_bytes 262144",
+            "ram_used_bytes 61440",
+            &format!("ram_memory_bytes {}", ram.memory_bytes),
+            "ram_hit_pct 50.00",
+        ] {
+            assert!(text.contains(&format!("\n{line}\n")), "{line}:\n{text}");
+        }
+        let prom = r.to_prometheus();
+        for line in [
+            "flashtier_ram_lookup_blocks_total 32",
+            "flashtier_ram_hit_blocks_total 16",
+            "flashtier_ram_miss_blocks_total 16",
+            "flashtier_ram_reread_requests_total 0",
+            "flashtier_ram_capacity_bytes 262144",
+            "flashtier_ram_used_bytes 61440",
+            &format!("flashtier_ram_memory_bytes {}", ram.memory_bytes),
+            "flashtier_ram_hit_ratio 0.5",
+            "# TYPE flashtier_ram_evicted_blocks_total counter",
+            "# TYPE flashtier_ram_used_bytes gauge",
+        ] {
+            assert!(prom.contains(&format!("\n{line}\n")), "{line}:\n{prom}");
+        }
+        crate::prometheus::tests::check_exposition(&prom);
+        let json = serde_json::to_string(&r).unwrap();
+        assert_eq!(serde_json::from_str::<Report>(&json).unwrap(), r);
+        let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        assert_eq!(v["ram"]["policy"], "lru");
+        assert_eq!(v["ram"]["hit_pct"], 50.0);
+        assert_eq!(v["counters"]["ram_hit_blocks"], 16);
+
+        // 256 more blocks through 64 slots: the tier fills and evicts; what it holds is what it
+        // kept less what it evicted and what writes dropped.
+        let mut big = vec![0u8; 1 << 20];
+        dev.read_at(&mut big, 1 << 20).unwrap();
+        let ram = c.report().ram.unwrap();
+        let k = &ram.counters;
+        assert_eq!((k.lookup_blocks, k.miss_blocks), (288, 272));
+        assert_eq!(ram.used_bytes, ram.capacity_bytes);
+        assert!(k.evicted_blocks > 0, "{k:?}");
+        assert_eq!(
+            k.inserted_blocks - k.evicted_blocks - k.invalidated_blocks,
+            ram.used_bytes / 4096,
+            "{k:?}"
+        );
+
+        c.reset_stats();
+        let r = c.report();
+        let after = r.ram.as_ref().unwrap();
+        assert_eq!(after.counters, RamCounters::default());
+        assert_eq!(after.hit_pct, None);
+        assert!(RamCounters::NAMES
+            .iter()
+            .all(|n| r.counters.get(n) == Some(&0)));
+        assert_eq!(
+            (after.capacity_bytes, after.used_bytes, after.memory_bytes),
+            (ram.capacity_bytes, ram.used_bytes, ram.memory_bytes),
+            "reset-stats left the sizes"
+        );
+        assert!(r.to_stats_text().contains("\nram_hit_pct -\n"));
+        // The last block read is held: a hit, counted from zero.
+        dev.read_at(&mut [0u8; 4096], (2 << 20) - 4096).unwrap();
+        let after = c.report().ram.unwrap();
+        assert_eq!(
+            (after.counters.lookup_blocks, after.counters.hit_blocks),
+            (1, 1)
+        );
+        assert_eq!(after.hit_pct, Some(100.0));
+    }
+
+    /// A RAM tier above a cache (as `serve --ram-cache --cache` stacks them): its hits never
+    /// reach the cache, whose counters and hit % are reported beside the tier's.
+    #[test]
+    fn a_ram_tier_above_a_cache_reports_beside_it() {
+        let cache = test_cache(
+            Arc::new(MemDev::new(16 << 20)),
+            Arc::new(MemDev::new(8 << 20)),
+        );
+        let t = Arc::new(RamTier::new(cache.clone(), 1 << 20, RamPolicy::Fifo, None));
+        let (c, dev) = controller_stacked(Some(cache), None, None, Some(t));
+        let mut buf = vec![0u8; 4 << 12];
+        dev.read_at(&mut buf, 0).unwrap();
+        dev.read_at(&mut buf, 0).unwrap();
+        let r = c.report();
+        let ram = r.ram.as_ref().unwrap();
+        assert_eq!(ram.policy, "fifo");
+        assert_eq!(ram.capacity_bytes, 1 << 20);
+        assert_eq!((ram.counters.hit_blocks, ram.counters.miss_blocks), (4, 4));
+        assert_eq!(
+            r.counters.get("reads"),
+            Some(&1),
+            "the cache saw the first read only"
+        );
+        assert!(ram_row(&r).starts_with("fifo, 16.00 KiB of 1.00 MiB held"));
+        let table = r.render_table();
+        assert!(
+            table.contains("read hit %") && table.contains("ram hit %"),
+            "{table}"
+        );
+        crate::prometheus::tests::check_exposition(&r.to_prometheus());
+        c.take_cache().unwrap().close().unwrap();
     }
 
     /// Against a real memcached: blocks written are stored, read back as hits, and the server's

@@ -8,6 +8,10 @@
 //! parameters also as `flashtier_param_value{name}`). Gauges not always known (hit ratios before
 //! any I/O, the wear rate in the first minute) are declared without a sample until they are.
 //!
+//! With a RAM tier, its counters are counters like the others (`flashtier_ram_*`), and its
+//! sizes the gauges `flashtier_ram_capacity_bytes`, `flashtier_ram_used_bytes` and
+//! `flashtier_ram_memory_bytes`, beside `flashtier_ram_hit_ratio`.
+//!
 //! With a memcached tier, its counters are counters like the others (`flashtier_memcached_*`,
 //! the pool's totals `flashtier_memcached_pool_*`), and each server has
 //! `flashtier_memcached_server_<counter>_total{server}`, `flashtier_memcached_server_up{server}`
@@ -16,7 +20,7 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{MemcachedReport, MemcachedServerCounters, Report};
+use crate::report::{MemcachedReport, MemcachedServerCounters, RamReport, Report};
 
 /// Metric names allow `[a-zA-Z_:][a-zA-Z0-9_:]*`; anything else becomes `_`.
 fn metric_name(s: &str) -> String {
@@ -88,6 +92,31 @@ impl Out {
             self.sample(name, &[], float(v));
         }
     }
+}
+
+/// The RAM tier's gauges (its counters are among the report's).
+fn ram(o: &mut Out, r: &RamReport) {
+    for (name, text, v) in [
+        (
+            "capacity_bytes",
+            "What the RAM tier may hold (its size, in whole 4 KiB blocks)",
+            r.capacity_bytes,
+        ),
+        ("used_bytes", "What the RAM tier holds now", r.used_bytes),
+        (
+            "memory_bytes",
+            "Memory the RAM tier allocated: its copies, their index and the version table",
+            r.memory_bytes,
+        ),
+    ] {
+        o.gauge(&format!("flashtier_ram_{name}"), text, v as f64);
+    }
+    o.gauge_if_known(
+        "flashtier_ram_hit_ratio",
+        "Blocks answered from the RAM tier over blocks looked up there (0..1), since start or \
+         reset",
+        r.hit_pct.map(|p| p / 100.0),
+    );
 }
 
 /// The memcached tier's gauges and its servers' series (its counters are among the report's).
@@ -370,6 +399,9 @@ impl Report {
             o.sample(name, &[("op", op)], float(l.max_us / 1e6));
         }
 
+        if let Some(r) = &self.ram {
+            ram(&mut o, r);
+        }
         if let Some(m) = &self.memcached {
             memcached(&mut o, m);
         }

@@ -1,11 +1,12 @@
 //! Human renderings of a [`Report`]: `flashtier status`, the `flashtier stats` table, and the
-//! `name value` stats file.
+//! `name value` stats file; and sizes as people write them ([`fmt_bytes`], [`parse_size`]),
+//! shared with the command line and the config file.
 
 use std::fmt::Write as _;
 
 use crate::report::{
     read_hit_pct, write_hit_pct, LatencyReport, MemcachedReport, MemcachedServerReport,
-    MemcachedTierCounters, Ordered, Report,
+    MemcachedTierCounters, Ordered, RamCounters, RamReport, Report,
 };
 
 /// `1.50 GiB`, `512 B`.
@@ -21,6 +22,28 @@ pub fn fmt_bytes(n: u64) -> String {
         unit += 1;
     }
     format!("{v:.2} {}", UNITS[unit])
+}
+
+/// Parses `4096`, `512K`, `64M`, `1G`, `2T` (binary multiples; an optional trailing `iB`/`B`).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (digits, shift) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 10),
+        Some('M') => (&t[..t.len() - 1], 20),
+        Some('G') => (&t[..t.len() - 1], 30),
+        Some('T') => (&t[..t.len() - 1], 40),
+        _ => (t, 0),
+    };
+    let n: u64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (examples: 4096, 512K, 64M, 1G)"))?;
+    n.checked_mul(1u64 << shift)
+        .ok_or_else(|| format!("'{s}' is too large"))
 }
 
 /// `3d 04h`, `1h 02m`, `5m 07s`, `12s`.
@@ -190,6 +213,28 @@ pub fn render_trace(t: &crate::trace::TraceStatus) -> String {
             t.requests
         ),
     }
+}
+
+/// `lru, 1.50 GiB of 4.00 GiB held, 4.05 GiB of memory, hits 12,345 of 20,000 blocks looked up
+/// (61.7%), 678 evicted`: the RAM tier in one line.
+pub fn render_ram(r: &RamReport) -> String {
+    let c = &r.counters;
+    let lookups = match r.hit_pct {
+        Some(p) => format!(
+            "hits {} of {} blocks looked up ({p:.1}%)",
+            fmt_count(c.hit_blocks),
+            fmt_count(c.lookup_blocks)
+        ),
+        None => "no blocks looked up yet".into(),
+    };
+    format!(
+        "{}, {} of {} held, {} of memory, {lookups}, {} evicted",
+        r.policy,
+        fmt_bytes(r.used_bytes),
+        fmt_bytes(r.capacity_bytes),
+        fmt_bytes(r.memory_bytes),
+        fmt_count(c.evicted_blocks)
+    )
 }
 
 /// `inclusive, on, 3 servers (2 up, 1 down), hits 12,345 of 20,000 blocks looked up (61.7%), 0
@@ -398,6 +443,9 @@ impl Report {
         if let Some(t) = &self.trace {
             rows.push(vec!["trace".into(), render_trace(t)]);
         }
+        if let Some(r) = &self.ram {
+            rows.push(vec!["ram".into(), render_ram(r)]);
+        }
         if let Some(m) = &self.memcached {
             rows.push(vec!["memcached".into(), render_memcached(m)]);
             rows.extend(
@@ -480,6 +528,15 @@ impl Report {
                 rows.push(row);
             }
         }
+        if self.ram.is_some() {
+            let mut row = vec!["ram hit %".to_string()];
+            row.extend(
+                columns
+                    .iter()
+                    .map(|(_, w)| fmt_pct(RamCounters::from_counters(w).hit_pct())),
+            );
+            rows.push(row);
+        }
         if self.memcached.is_some() {
             let mut row = vec!["memcached hit %".to_string()];
             row.extend(
@@ -522,6 +579,9 @@ impl Report {
         }
         out.push('\n');
         out.push_str(&table(&rows, true));
+        if let Some(r) = &self.ram {
+            let _ = writeln!(out, "\nram: {}", render_ram(r));
+        }
         if let Some(m) = &self.memcached {
             let _ = writeln!(out, "\nmemcached: {}", render_memcached(m));
             out.push_str(&m.render_servers());
@@ -617,6 +677,13 @@ impl Report {
             line("scrub_dropped_blocks", &sc.dropped_blocks);
             line("scrub_lost_blocks", &sc.lost_blocks);
         }
+        if let Some(r) = &self.ram {
+            line("ram_policy", &r.policy);
+            line("ram_capacity_bytes", &r.capacity_bytes);
+            line("ram_used_bytes", &r.used_bytes);
+            line("ram_memory_bytes", &r.memory_bytes);
+            line("ram_hit_pct", &opt(r.hit_pct));
+        }
         if let Some(m) = &self.memcached {
             line("memcached_enabled", &m.enabled);
             line("memcached_mode", &m.mode);
@@ -663,6 +730,21 @@ mod tests {
         ];
         assert_eq!(table(&rows, true), "a        1\nlong   100\n");
         assert_eq!(table(&rows, false), "a      1\nlong   100\n");
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("512K"), Ok(512 << 10));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert_eq!(parse_size("2T"), Ok(2 << 40));
+        assert!(parse_size("lots").is_err());
+        assert!(parse_size("99999999999T").is_err());
+        assert_eq!(fmt_bytes(512), "512 B");
+        assert_eq!(fmt_bytes(1536), "1.50 KiB");
+        assert_eq!(fmt_bytes(1 << 30), "1.00 GiB");
     }
 
     #[test]

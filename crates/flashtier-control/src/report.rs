@@ -3,7 +3,8 @@
 //! `flashtier stats --json`, the stats file's `.json`, the stats text file, the tables and the
 //! Prometheus output are all renderings of this one object, so they cannot disagree. Top-level
 //! keys (a contract with scripts and tests): `status`, `job`, `scrub`, `counters`, `derived`,
-//! `windows`, `window_secs`, `latency`, `wear`, `memcached`, `params`, `generated_unix_ms`.
+//! `windows`, `window_secs`, `latency`, `wear`, `ram`, `memcached`, `params`,
+//! `generated_unix_ms`.
 //!
 //! Maps keep their order (engine counters in the engine's order, windows shortest first), so
 //! JSON read by a person and tables read the same way.
@@ -102,6 +103,9 @@ pub struct Report {
     pub latency: Ordered<LatencyReport>,
     /// Cache device writes and the endurance forecast.
     pub wear: Wear,
+    /// The RAM tier; null when the server has none.
+    #[serde(default)]
+    pub ram: Option<RamReport>,
     /// The memcached tier and its servers; null when the server has none.
     #[serde(default)]
     pub memcached: Option<MemcachedReport>,
@@ -347,6 +351,103 @@ pub struct Wear {
     pub endurance_tbw: Option<f64>,
     /// Days until the rated TBW at `bytes_per_day`; null without a rating or without writes.
     pub days_to_rated_tbw: Option<f64>,
+}
+
+/// The RAM tier (`serve --ram-cache`): its eviction order, its sizes and its counters.
+///
+/// The sizes are what the tier holds now (reset-stats leaves them); the counters and the hit
+/// percentage count since the server started or the last reset-stats, as `counters` do:
+/// `counters` are the `ram_*` counters of the same report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RamReport {
+    /// The order it evicts in: `lru` or `fifo` (`ram_cache_policy`).
+    pub policy: String,
+    /// What it may hold: its size, in whole 4 KiB blocks.
+    pub capacity_bytes: u64,
+    /// What it holds now.
+    pub used_bytes: u64,
+    /// The memory it allocated: the copies, their index and the version table.
+    pub memory_bytes: u64,
+    /// Blocks answered from memory over blocks looked up, percent (null before a lookup).
+    pub hit_pct: Option<f64>,
+    /// Its counters.
+    pub counters: RamCounters,
+}
+
+/// The RAM tier's counters (`flashtier_ram::RamStats`, sizes apart), as the `ram_<name>`
+/// counters.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RamCounters {
+    /// Blocks looked up.
+    pub lookup_blocks: u64,
+    /// Blocks answered from memory.
+    pub hit_blocks: u64,
+    /// Blocks looked up but read from the tier below.
+    pub miss_blocks: u64,
+    /// Blocks read below and kept.
+    pub inserted_blocks: u64,
+    /// Blocks pushed out to make room.
+    pub evicted_blocks: u64,
+    /// Copies dropped by a write, trim or write-zeroes.
+    pub invalidated_blocks: u64,
+    /// Copies a write replaced with its own data.
+    pub updated_blocks: u64,
+    /// Reads made again from below because a write ran through them.
+    pub reread_requests: u64,
+    /// Reads passed below without a lookup (not whole blocks, or longer than 1 MiB).
+    pub bypassed_requests: u64,
+}
+
+impl RamCounters {
+    /// The names of these counters in `counters`, in the order of [`Self::values`].
+    pub const NAMES: [&'static str; 9] = [
+        "ram_lookup_blocks",
+        "ram_hit_blocks",
+        "ram_miss_blocks",
+        "ram_inserted_blocks",
+        "ram_evicted_blocks",
+        "ram_invalidated_blocks",
+        "ram_updated_blocks",
+        "ram_reread_requests",
+        "ram_bypassed_requests",
+    ];
+
+    /// The values, in the order of [`Self::NAMES`].
+    pub fn values(&self) -> [u64; 9] {
+        [
+            self.lookup_blocks,
+            self.hit_blocks,
+            self.miss_blocks,
+            self.inserted_blocks,
+            self.evicted_blocks,
+            self.invalidated_blocks,
+            self.updated_blocks,
+            self.reread_requests,
+            self.bypassed_requests,
+        ]
+    }
+
+    /// The counters of that name in `counters` (0 for any missing).
+    pub fn from_counters(counters: &Ordered<u64>) -> Self {
+        let [lookup_blocks, hit_blocks, miss_blocks, inserted_blocks, evicted_blocks, invalidated_blocks, updated_blocks, reread_requests, bypassed_requests] =
+            Self::NAMES.map(|n| counters.get(n).copied().unwrap_or(0));
+        RamCounters {
+            lookup_blocks,
+            hit_blocks,
+            miss_blocks,
+            inserted_blocks,
+            evicted_blocks,
+            invalidated_blocks,
+            updated_blocks,
+            reread_requests,
+            bypassed_requests,
+        }
+    }
+
+    /// Blocks answered from memory over blocks looked up, percent (null before a lookup).
+    pub fn hit_pct(&self) -> Option<f64> {
+        pct(&self.hit_blocks, self.lookup_blocks)
+    }
 }
 
 /// The memcached tier (`serve --memcached`): its state, its counters and its servers.

@@ -167,6 +167,34 @@ pub fn write_zero_buffers(dev: &dyn BlockDev, offset: u64, len: u64, fua: bool) 
     Ok(())
 }
 
+/// Reads the blocks of `buf` (at `offset`, `block` bytes each) marked in `missing` from `dev`,
+/// one request per run of them: what a memory tier does with the blocks it could not answer.
+pub fn read_runs(
+    dev: &dyn BlockDev,
+    buf: &mut [u8],
+    offset: u64,
+    block: usize,
+    missing: &[bool],
+) -> io::Result<()> {
+    let n = missing.len();
+    let mut i = 0;
+    while i < n {
+        if !missing[i] {
+            i += 1;
+            continue;
+        }
+        let start = i;
+        while i < n && missing[i] {
+            i += 1;
+        }
+        dev.read_at(
+            &mut buf[start * block..i * block],
+            offset + (start * block) as u64,
+        )?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

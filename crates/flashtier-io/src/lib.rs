@@ -23,6 +23,7 @@
 //! What is here: [`FileDev`] (files and block devices, O_DIRECT or not), [`AlignedBuf`] and
 //! [`BufPool`] (aligned buffers, pooled so a request's data reaches a background writer without
 //! an allocation), the helpers for sparse and allocated files, [`identity`] (what names a backing store),
+//! [`versions`] (the per-block write record that lets a memory tier prove a copy is current),
 //! [`signature`] (recognising what a device already holds), [`SlowDev`] (a slow disk, for
 //! `flashtier demo`), and [`sys`]: the few system calls the other crates need, as safe wrappers,
 //! so that the engine and the control plane can `forbid(unsafe_code)`. The devices that exist only
@@ -44,10 +45,11 @@ pub mod signature;
 mod slow;
 pub mod sys;
 pub mod sysfs;
+pub mod versions;
 
 pub use alloc::{allocate_existing, allocated_bytes, create_allocated_file};
 pub use buf::{is_aligned, AlignedBuf};
-pub use dev::{check_range, write_zero_buffers, BlockDev, DevInfo, Extent, ZeroOpts};
+pub use dev::{check_range, read_runs, write_zero_buffers, BlockDev, DevInfo, Extent, ZeroOpts};
 pub use file::{create_sparse_file, FileDev, FileOptions};
 pub use pool::{BufPool, PooledBuf};
 pub use slow::SlowDev;

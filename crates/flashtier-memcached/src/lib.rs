@@ -8,10 +8,11 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub use flashtier_io::versions;
+
 pub mod client;
 pub mod tier;
 pub mod value;
-pub mod versions;
 
 pub use client::{Pool, PoolOptions};
 pub use tier::{MemcachedMode, MemcachedTier, TierStats};

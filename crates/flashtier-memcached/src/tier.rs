@@ -20,13 +20,16 @@
 //! Modes (`memcached_mode`), WaffleGrid's two:
 //! - `inclusive`: blocks read from the store below and blocks written to it are stored, and a
 //!   hit leaves the value where it is.
-//! - `victim`: only blocks evicted by a faster tier are stored, and a hit removes the value (the
-//!   tier above promotes the block). This tier does not see evictions of the tiers above yet, so
-//!   in this mode it stores nothing of its own; `serve` says so.
+//! - `victim`: only blocks evicted by a faster tier are stored ([`MemcachedTier::offer_victim`]),
+//!   and a hit removes the value (the tier above keeps the block). The RAM tier hands its
+//!   evictions down when it sits directly on this tier; the SSD tier does not yet, so with an
+//!   SSD tier this mode stores nothing; `serve` says so.
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use flashtier_io::{BlockDev, DevInfo, Extent, ZeroOpts};
 
@@ -126,7 +129,13 @@ pub struct MemcachedTier {
     mode: AtomicU8,
     enabled: AtomicBool,
     counters: Counters,
+    /// Evicted blocks offered in `victim` mode, tagged when offered, until shipped.
+    victims: Mutex<Vec<(u64, Tag, Vec<u8>)>>,
 }
+
+/// The most offered victims waiting to be shipped; past it, offers are dropped (and counted as
+/// store failures): a victim not stored only costs a later miss.
+const MAX_QUEUED_VICTIMS: usize = 4096;
 
 impl MemcachedTier {
     /// The tier over `below`, storing in `pool` under the keys of cache `namespace` (a hash of
@@ -148,6 +157,7 @@ impl MemcachedTier {
             mode: AtomicU8::new(mode as u8),
             enabled: AtomicBool::new(true),
             counters: Counters::default(),
+            victims: Mutex::new(Vec::new()),
         })
     }
 
@@ -195,6 +205,44 @@ impl MemcachedTier {
             removed_blocks: get(&c.removed_blocks),
             bypassed_requests: get(&c.bypassed_requests),
         }
+    }
+
+    /// Offers `block`, which a faster tier evicts with content `data`, to be stored in `victim`
+    /// mode (a no-op in `inclusive` mode, which stored the block when it was read).
+    ///
+    /// The caller guarantees that `data` is what the store below holds for `block` at the time
+    /// of the call and that no write to the block can reach this tier during it (the RAM tier
+    /// calls this under the lock its writes drop copies under, and only when it sits directly
+    /// on this tier). The block's version is taken here, so any write after the call makes the
+    /// value old. Nothing is sent until [`MemcachedTier::ship_victims`].
+    pub fn offer_victim(&self, block: u64, data: &[u8]) {
+        if self.mode() != MemcachedMode::Victim
+            || !self.enabled()
+            || data.len() != BLOCK
+            || self.pool.is_empty()
+        {
+            return;
+        }
+        let tag = self.versions.tag(block);
+        if !tag.quiet() {
+            return;
+        }
+        let mut queue = self.victims.lock();
+        if queue.len() >= MAX_QUEUED_VICTIMS {
+            bump(&self.counters.store_failures, 1);
+            return;
+        }
+        queue.push((block, tag, data.to_vec()));
+    }
+
+    /// Stores the victims offered so far, in one pipelined batch.
+    pub fn ship_victims(&self) {
+        let queued = std::mem::take(&mut *self.victims.lock());
+        let items: Vec<(u64, Tag, &[u8])> = queued
+            .iter()
+            .map(|(block, tag, data)| (*block, *tag, data.as_slice()))
+            .collect();
+        self.store(&items);
     }
 
     /// The whole blocks of a request, if the pool should see it.
@@ -320,20 +368,12 @@ impl BlockDev for MemcachedTier {
         bump(&c.stale_values, stale);
         bump(&c.corrupt_values, corrupt);
         // The misses, one read of the store below per run of them.
-        let mut i = 0;
-        while i < n {
-            if !missing[i] {
-                i += 1;
-                continue;
-            }
-            let start = i;
-            while i < n && missing[i] {
-                i += 1;
-            }
-            self.below.read_at(
-                &mut buf[start * BLOCK..i * BLOCK],
-                offset + (start * BLOCK) as u64,
-            )?;
+        flashtier_io::read_runs(&*self.below, buf, offset, BLOCK, &missing)?;
+        if hits > 0 && hits < n && !self.versions.unchanged(first, &tags) {
+            // A write began meanwhile: the hits are from before it, the blocks just read may
+            // be from after it. One read from below answers consistently.
+            self.below.read_at(buf, offset)?;
+            return Ok(());
         }
         match self.mode() {
             MemcachedMode::Inclusive => {
@@ -345,13 +385,13 @@ impl BlockDev for MemcachedTier {
             }
             MemcachedMode::Victim => {
                 // The tier above promotes what it read; the pool's copy would only take room.
-                let mut removed = 0;
-                for (i, k) in key_refs.iter().enumerate() {
-                    if !missing[i] && self.pool.delete(k) {
-                        removed += 1;
-                    }
+                let used: Vec<&[u8]> = (0..n)
+                    .filter(|&i| !missing[i])
+                    .map(|i| key_refs[i])
+                    .collect();
+                if !used.is_empty() {
+                    bump(&c.removed_blocks, self.pool.delete_multi(&used) as u64);
                 }
-                bump(&c.removed_blocks, removed);
             }
         }
         Ok(())

@@ -165,6 +165,34 @@ fn victim_mode_stores_nothing_itself_and_a_hit_removes_the_value() {
     assert_eq!(t.stats().hit_blocks, 1, "removed after its hit");
 }
 
+/// Victims offered by a faster tier are stored only in victim mode, come back once (a hit
+/// removes them), and a write after the offer makes the value unusable.
+#[test]
+fn offered_victims_are_stored_in_victim_mode_and_made_old_by_writes() {
+    let m = Memcached::start(&["-m", "16"]);
+    let (dev, t) = tier(64, &[m.addr()], MemcachedMode::Inclusive);
+    for b in [1u64, 2, 3] {
+        dev.write_at(&content(b, 4), b * B as u64, false).unwrap();
+    }
+    t.offer_victim(1, &content(1, 4));
+    t.ship_victims();
+    assert_eq!(t.stats().stored_blocks, 0, "inclusive takes no victims");
+    t.set_mode(MemcachedMode::Victim);
+    t.offer_victim(1, &content(1, 4));
+    t.offer_victim(2, &content(2, 4));
+    t.ship_victims();
+    assert_eq!(t.stats().stored_blocks, 2);
+    assert_eq!(version_of(&read_block(&t, 1), 1), 4);
+    let s = t.stats();
+    assert_eq!((s.hit_blocks, s.removed_blocks), (1, 1), "{s:?}");
+    read_block(&t, 1);
+    assert_eq!(t.stats().hit_blocks, 1, "removed after its hit");
+    // Written after it was offered: the value is old, the write's data is read.
+    t.write_at(&content(2, 5), 2 * B as u64, false).unwrap();
+    assert_eq!(version_of(&read_block(&t, 2), 2), 5);
+    assert_eq!(t.stats().stale_values, 1);
+}
+
 #[test]
 fn a_dead_or_silent_server_costs_hits_not_errors() {
     let hole = BlackHole::start();

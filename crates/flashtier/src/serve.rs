@@ -113,6 +113,9 @@ struct Settings {
     memcached: Option<Vec<String>>,
     memcached_mode: flashtier_memcached::MemcachedMode,
     memcached_timeout: std::time::Duration,
+    /// The RAM tier's size in bytes (none: no tier) and eviction order.
+    ram_cache: Option<u64>,
+    ram_cache_policy: flashtier_ram::RamPolicy,
     /// Live parameters to apply at open: the config file's [policy], then `--set` (which wins).
     policy: Vec<(String, String)>,
     config: Option<Config>,
@@ -235,6 +238,14 @@ impl Settings {
             memcached_timeout: std::time::Duration::from_millis(
                 defaulted(o.memcached_timeout_ms).into(),
             ),
+            ram_cache: o
+                .ram_cache
+                .map(|size| crate::units::parse_size(&size).map_err(|e| anyhow::anyhow!(e)))
+                .transpose()
+                .context("--ram-cache")?,
+            ram_cache_policy: defaulted(o.ram_cache_policy)
+                .parse()
+                .map_err(|e: String| anyhow::anyhow!(e))?,
             policy,
             config,
             adopt,
@@ -326,6 +337,22 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(tier) => tier.clone(),
         None => backing,
     };
+    // With no cache, the RAM tier stands directly on the memcached tier (or the backing
+    // store), the only place it can hand its evictions to memcached's victim mode: nothing else
+    // writes below it. A cache attached later goes above it.
+    let ram_over_backing = match args.ram_cache {
+        Some(bytes) if args.cache.is_none() => {
+            let sink = memcached.clone().map(|tier| {
+                Arc::new(MemcachedVictims(tier)) as Arc<dyn flashtier_ram::EvictionSink>
+            });
+            Some(open_ram(bytes, &args, backing.clone(), sink)?)
+        }
+        _ => None,
+    };
+    let backing: Arc<dyn BlockDev> = match &ram_over_backing {
+        Some(ram) => ram.clone(),
+        None => backing,
+    };
     let cache = match &args.cache {
         None => None,
         Some(path) => Some(open_cache(path, &args, &identity, backing.clone())?),
@@ -336,8 +363,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     // `flashtier detach` and `attach` swap what is exported underneath the clients.
     let export = Arc::new(Switchable::new(inner));
+    // With a cache, the RAM tier stands above it and above detach and attach, which change
+    // where blocks are kept, never what they hold.
+    let ram = match (args.ram_cache, ram_over_backing) {
+        (_, Some(ram)) => Some(ram),
+        (Some(bytes), None) => Some(open_ram(bytes, &args, export.clone(), None)?),
+        (None, None) => None,
+    };
+    let exported: Arc<dyn BlockDev> = match &ram {
+        Some(ram) if cache.is_some() => ram.clone(),
+        _ => export.clone(),
+    };
     // Every request the clients make is timed, cache or pass-through.
-    let timed = Arc::new(Timed::new(export.clone()));
+    let timed = Arc::new(Timed::new(exported));
     let backing_spec = args.backing.clone();
     let controller = Arc::new(Controller::new(ControllerOptions {
         version: crate::VERSION.into(),
@@ -347,6 +385,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracer: timed.tracer(),
         endurance_tbw: args.endurance_tbw,
         memcached: memcached.clone(),
+        ram: ram.clone(),
         persist: args.config.as_ref().map(|c| {
             let path = c.path.clone();
             Box::new(move |settings: &[(String, String)]| {
@@ -449,6 +488,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             "flashtier: memcached tier, {} mode, {} (flashtier memcached list)",
             tier.mode(),
             args.memcached.as_deref().unwrap_or_default().join(", ")
+        )?;
+    }
+    if let Some(ram) = &ram {
+        writeln!(
+            out,
+            "flashtier: RAM tier of {}, {} eviction{}",
+            fmt_bytes(ram.stats().capacity_bytes),
+            ram.policy(),
+            if args.cache.is_some() {
+                ", above the cache"
+            } else {
+                ""
+            }
         )?;
     }
     if let Some(t) = &tls {
@@ -628,14 +680,83 @@ fn open_memcached(
     let namespace = flashtier_memcached::value::namespace_of(format!("{identity:?}").as_bytes());
     let tier = MemcachedTier::new(backing, Arc::new(pool), namespace, args.memcached_mode)
         .context("cannot start the memcached tier")?;
-    if args.memcached_mode == MemcachedMode::Victim {
-        let msg = "memcached_mode victim stores only blocks a faster tier evicts, and the tiers \
-                   above do not hand their evictions down yet: the memcached tier will store \
-                   nothing (inclusive stores what is read from and written to the backing store)";
+    if args.memcached_mode == MemcachedMode::Victim
+        && (args.cache.is_some() || args.ram_cache.is_none())
+    {
+        let msg = "memcached_mode victim stores only blocks a faster tier evicts, and only the \
+                   RAM tier hands its evictions down, when it stands directly on the memcached \
+                   tier (--ram-cache without --cache): the memcached tier will store nothing \
+                   (inclusive stores what is read from and written to the backing store)";
         eprintln!("flashtier: WARNING: {msg}");
         tracing::warn!("{msg}");
     }
     Ok(Arc::new(tier))
+}
+
+/// The memcached tier as the sink of the RAM tier's evictions (its `victim` mode).
+struct MemcachedVictims(Arc<flashtier_memcached::MemcachedTier>);
+
+impl flashtier_ram::EvictionSink for MemcachedVictims {
+    fn evicted(&self, block: u64, data: &[u8]) {
+        self.0.offer_victim(block, data);
+    }
+
+    fn ship(&self) {
+        self.0.ship_victims();
+    }
+}
+
+/// The RAM tier of `bytes` over `below`, refused when the machine does not have that much
+/// memory at all, and with a warning when it does not have it free now.
+fn open_ram(
+    bytes: u64,
+    args: &Settings,
+    below: Arc<dyn BlockDev>,
+    sink: Option<Arc<dyn flashtier_ram::EvictionSink>>,
+) -> anyhow::Result<Arc<flashtier_ram::RamTier>> {
+    if let Some((total, available)) = memory_info() {
+        if bytes >= total {
+            anyhow::bail!(
+                "--ram-cache {} is more than this machine's memory ({})",
+                fmt_bytes(bytes),
+                fmt_bytes(total)
+            );
+        }
+        if bytes > available {
+            let msg = format!(
+                "--ram-cache {} is more than the memory available now ({}): the RAM tier fills \
+                 as blocks are read, and the system may swap or kill processes when it is full",
+                fmt_bytes(bytes),
+                fmt_bytes(available)
+            );
+            eprintln!("flashtier: WARNING: {msg}");
+            tracing::warn!("{msg}");
+        }
+    }
+    Ok(Arc::new(flashtier_ram::RamTier::new(
+        below,
+        bytes,
+        args.ram_cache_policy,
+        sink,
+    )))
+}
+
+/// (MemTotal, MemAvailable) in bytes, from /proc/meminfo.
+fn memory_info() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| {
+                rest.trim()
+                    .trim_end_matches("kB")
+                    .trim()
+                    .parse::<u64>()
+                    .ok()
+            })
+            .map(|kib| kib << 10)
+    };
+    Some((field("MemTotal:")?, field("MemAvailable:")?))
 }
 
 /// Opens `flashtier attach --cache PATH` as `--cache` is opened, refusing the backing store

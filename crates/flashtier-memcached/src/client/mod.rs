@@ -403,34 +403,47 @@ impl Pool {
     /// there now (and in an empty pool, where nothing is). False when its server is down or failed,
     /// or the key is invalid.
     pub fn delete(&self, key: &[u8]) -> bool {
+        self.delete_multi(&[key]) == 1
+    }
+
+    /// Deletes each key, pipelined as [`Pool::set_multi`] stores: returns how many are not
+    /// there now (`DELETED` or `NOT_FOUND`; every key of an empty pool).
+    pub fn delete_multi(&self, keys: &[&[u8]]) -> usize {
         let members = self.members();
-        let deadline = self.deadline();
-        let server = members.route(key);
-        if let Err(e) = check_key(key) {
-            if let Some(server) = server {
-                refused(server, &e);
-            }
-            return false;
+        if members.servers.is_empty() {
+            return keys.len();
         }
-        let Some(server) = server else {
-            return true;
-        };
-        let Some(permit) = server.admit() else {
-            bump(&server.stats.skipped, 1);
-            return false;
-        };
-        bump(&server.stats.deletes, 1);
-        let mut command = Vec::new();
-        protocol::encode_delete(key, &mut command);
-        server
-            .run(permit, deadline, |wire| {
-                wire.write_all(&command)?;
-                let mut r = BufReader::new(wire);
-                let reply = protocol::parse_delete_reply(&mut r)?;
-                drained(&r)?;
-                Ok(reply)
-            })
-            .is_ok()
+        let deadline = self.deadline();
+        let jobs = admit(split(
+            &members,
+            keys.len(),
+            |i| keys[i],
+            |i| check_key(keys[i]),
+        ));
+        let gone = run_parallel(jobs, |job| {
+            let server = job.server;
+            bump(&server.stats.deletes, job.items.len());
+            server
+                .run(job.permit, deadline, |wire| {
+                    let mut gone = 0;
+                    for batch in job.items.chunks(SET_BATCH) {
+                        let mut commands = Vec::new();
+                        for &i in batch {
+                            protocol::encode_delete(keys[i], &mut commands);
+                        }
+                        wire.write_all(&commands)?;
+                        let mut r = BufReader::new(&mut *wire);
+                        for _ in batch {
+                            protocol::parse_delete_reply(&mut r)?;
+                            gone += 1;
+                        }
+                        drained(&r)?;
+                    }
+                    Ok(gone)
+                })
+                .unwrap_or(0)
+        });
+        gone.into_iter().sum()
     }
 
     /// Adds a server (`HOST:PORT`, as for [`Pool::new`]); about `1/n` of the keys move to it.

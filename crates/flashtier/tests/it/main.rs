@@ -18,6 +18,7 @@ mod memcached;
 mod packaging;
 mod probe;
 mod protocol;
+mod ram;
 mod tls;
 mod tools;
 mod trace;

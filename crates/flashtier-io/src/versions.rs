@@ -1,10 +1,11 @@
-//! The in-RAM record of writes that decides whether a value fetched from memcached may be used.
+//! The in-RAM record of writes that decides whether a copy of a block held by a memory tier (a
+//! value fetched from memcached, a block in the RAM tier) may be used.
 //!
-//! memcached is not trusted to be current: a delete can be lost, a server can restart or come
-//! back from a partition holding values from before later writes, another host can share the
-//! pool. So a value is never used because it *exists*; it is used only when the version it
-//! carries is the version this process holds *now* for its block, and that version changes
-//! whenever a write to the block starts or ends.
+//! A copy is never used because it *exists*: memcached is not trusted to be current (a delete
+//! can be lost, a server can restart or come back from a partition holding values from before
+//! later writes, another host can share the pool), and a RAM copy can race a write. A copy is used
+//! only when the version it carries (or was inserted under) is the version this process holds
+//! *now* for its block, and that version changes whenever a write to the block starts or ends.
 //!
 //! Each slot is one `AtomicU64` covering [`BLOCKS_PER_SLOT`] consecutive blocks and packs two
 //! numbers: the writes in flight over those blocks (the top 16
@@ -69,7 +70,7 @@ pub struct Versions {
 }
 
 /// The slots a write began, to end them afterwards; see [`Versions::begin`].
-#[must_use = "a begun write must be ended, or its blocks are never served from memcached again"]
+#[must_use = "a begun write must be ended, or its blocks are never served from a copy again"]
 pub struct Begun {
     /// (slot, the word before this write's begin).
     slots: Slots,
@@ -86,6 +87,11 @@ impl Versions {
         }
     }
 
+    /// The memory the table takes.
+    pub fn memory_bytes(&self) -> u64 {
+        (self.slots.len() * std::mem::size_of::<AtomicU64>()) as u64
+    }
+
     fn slot(&self, block: u64) -> usize {
         ((block / BLOCKS_PER_SLOT) & self.mask) as usize
     }
@@ -98,6 +104,17 @@ impl Versions {
     /// Whether a value tagged `tag` is still the newest data of `block`.
     pub fn current(&self, block: u64, tag: Tag) -> bool {
         tag.quiet() && self.tag(block) == tag
+    }
+
+    /// Whether no write to blocks `first..first + tags.len()` began or ended since `tags` were
+    /// taken (one per block, in order). A read that answered some blocks from a copy and the
+    /// others from the store below checks this afterwards: if a write ran meanwhile, its blocks
+    /// may mix data from before and after it (a torn read of an atomic write), and the read is
+    /// made again from below.
+    pub fn unchanged(&self, first: u64, tags: &[Tag]) -> bool {
+        tags.iter()
+            .enumerate()
+            .all(|(i, &t)| self.tag(first + i as u64) == t)
     }
 
     /// Marks a write of blocks `first..first + count` as started; call before the store below

@@ -1,0 +1,453 @@
+//! The RAM tier over an in-memory device: what it keeps, what writes do to it, what it hands
+//! its sink, and a concurrent verifying workload that would see any old or torn read.
+
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use flashtier_io::{BlockDev, DevInfo, Extent, ZeroOpts};
+use flashtier_ram::{EvictionSink, RamPolicy, RamTier};
+use flashtier_testkit::{FaultDev, MemDev};
+use parking_lot::Mutex;
+
+const B: usize = 4096;
+
+/// Block `block`'s content at version `v`: every 8 bytes say which block and which version, so
+/// a wrong block, an old version or a torn block is seen.
+fn content(block: u64, v: u64) -> Vec<u8> {
+    let mut b = Vec::with_capacity(B);
+    while b.len() < B {
+        b.extend_from_slice(&(block << 32 | v).to_le_bytes());
+    }
+    b
+}
+
+fn version_of(buf: &[u8], block: u64) -> u64 {
+    if buf.iter().all(|&b| b == 0) {
+        return 0; // never written
+    }
+    let word = u64::from_le_bytes(buf[..8].try_into().unwrap());
+    assert!(
+        buf.chunks(8).all(|c| c == &word.to_le_bytes()[..]),
+        "block {block} is torn"
+    );
+    assert_eq!(
+        word >> 32,
+        block,
+        "block {block} holds another block's data"
+    );
+    word & 0xffff_ffff
+}
+
+/// A device that counts the reads reaching it and, when `jitter` is set, pauses a little before
+/// and after each request so that requests overlap in every order.
+struct Below {
+    inner: Arc<dyn BlockDev>,
+    reads: AtomicU64,
+    jitter: bool,
+    rng: AtomicU64,
+}
+
+impl Below {
+    fn new(inner: Arc<dyn BlockDev>, jitter: bool) -> Arc<Below> {
+        Arc::new(Below {
+            inner,
+            reads: AtomicU64::new(0),
+            jitter,
+            rng: AtomicU64::new(0x2545_f491_4f6c_dd1d),
+        })
+    }
+
+    fn pause(&self) {
+        if self.jitter {
+            let r = self
+                .rng
+                .fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed)
+                .wrapping_mul(0xff51_afd7_ed55_8ccd)
+                >> 58;
+            match r {
+                0..=39 => {}
+                40..=59 => thread::yield_now(),
+                _ => thread::sleep(Duration::from_micros(r * 10)),
+            }
+        }
+    }
+
+    fn around<T>(&self, f: impl FnOnce() -> T) -> T {
+        self.pause();
+        let r = f();
+        self.pause();
+        r
+    }
+}
+
+impl BlockDev for Below {
+    fn info(&self) -> &DevInfo {
+        self.inner.info()
+    }
+    fn describe(&self) -> String {
+        "test device".into()
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.around(|| self.inner.read_at(buf, offset))
+    }
+    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+        self.around(|| self.inner.write_at(buf, offset, fua))
+    }
+    fn flush(&self) -> io::Result<()> {
+        self.inner.flush()
+    }
+    fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.around(|| self.inner.trim(offset, len))
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, opts: ZeroOpts) -> io::Result<()> {
+        self.around(|| self.inner.write_zeroes(offset, len, opts))
+    }
+    fn extents(
+        &self,
+        offset: u64,
+        len: u64,
+        max_extents: usize,
+        out: &mut Vec<Extent>,
+    ) -> io::Result<()> {
+        self.inner.extents(offset, len, max_extents, out)
+    }
+}
+
+fn tier(blocks: u64, ram_blocks: u64) -> (Arc<Below>, RamTier) {
+    let below = Below::new(Arc::new(MemDev::new(blocks as usize * B)), false);
+    let t = RamTier::new(below.clone(), ram_blocks * B as u64, RamPolicy::Lru, None);
+    (below, t)
+}
+
+fn read(t: &RamTier, block: u64, n: usize) -> Vec<u8> {
+    let mut buf = vec![0; n * B];
+    t.read_at(&mut buf, block * B as u64).unwrap();
+    buf
+}
+
+#[test]
+fn a_block_read_once_is_answered_from_memory() {
+    let (below, t) = tier(64, 16);
+    below
+        .inner
+        .write_at(&content(3, 7), 3 * B as u64, false)
+        .unwrap();
+    assert_eq!(version_of(&read(&t, 3, 1), 3), 7);
+    let before = below.reads.load(Ordering::Relaxed);
+    assert_eq!(version_of(&read(&t, 3, 1), 3), 7);
+    assert_eq!(
+        below.reads.load(Ordering::Relaxed),
+        before,
+        "a hit reads nothing below"
+    );
+    // A run of a hit between misses: one read below per run of misses.
+    let before = below.reads.load(Ordering::Relaxed);
+    read(&t, 2, 3);
+    assert_eq!(below.reads.load(Ordering::Relaxed), before + 2);
+    let s = t.stats();
+    assert_eq!(
+        (s.lookup_blocks, s.hit_blocks, s.miss_blocks),
+        (5, 2, 3),
+        "{s:?}"
+    );
+    assert_eq!(
+        (s.inserted_blocks, s.used_bytes),
+        (3, 3 * B as u64),
+        "{s:?}"
+    );
+    assert_eq!(s.capacity_bytes, 16 * B as u64);
+}
+
+#[test]
+fn a_write_replaces_a_hot_copy_and_leaves_cold_blocks_out() {
+    let (below, t) = tier(64, 16);
+    read(&t, 5, 1);
+    t.write_at(&content(5, 2), 5 * B as u64, false).unwrap();
+    t.write_at(&content(9, 1), 9 * B as u64, false).unwrap();
+    let before = below.reads.load(Ordering::Relaxed);
+    assert_eq!(
+        version_of(&read(&t, 5, 1), 5),
+        2,
+        "the write's data, from memory"
+    );
+    assert_eq!(below.reads.load(Ordering::Relaxed), before);
+    assert_eq!(version_of(&read(&t, 9, 1), 9), 1);
+    assert_eq!(
+        below.reads.load(Ordering::Relaxed),
+        before + 1,
+        "9 was not kept by its write"
+    );
+    let s = t.stats();
+    assert_eq!((s.updated_blocks, s.invalidated_blocks), (1, 0), "{s:?}");
+}
+
+#[test]
+fn partial_writes_trims_and_zeroes_drop_copies() {
+    let (_below, t) = tier(64, 16);
+    t.write_at(&content(1, 1), B as u64, false).unwrap();
+    for b in 0..4 {
+        read(&t, b, 1);
+    }
+    // 512 bytes into block 1: the copy goes, the next read merges below.
+    t.write_at(&[0xAB; 512], B as u64 + 512, false).unwrap();
+    let got = read(&t, 1, 1);
+    assert_eq!(&got[..512], &content(1, 1)[..512]);
+    assert!(got[512..1024].iter().all(|&b| b == 0xAB));
+    t.write_at(&content(2, 5), 2 * B as u64, false).unwrap();
+    t.trim(2 * B as u64, B as u64).unwrap();
+    assert!(read(&t, 2, 1).iter().all(|&b| b == 0), "trimmed");
+    t.write_at(&content(3, 5), 3 * B as u64, false).unwrap();
+    t.write_zeroes(3 * B as u64, B as u64, ZeroOpts::default())
+        .unwrap();
+    assert!(read(&t, 3, 1).iter().all(|&b| b == 0), "zeroed");
+    // A trim longer than the tier looks at its copies, not at each block.
+    for b in 10..26 {
+        read(&t, b, 1);
+    }
+    t.write_at(&content(20, 9), 20 * B as u64, false).unwrap();
+    let filled = t.stats().used_bytes;
+    assert!(filled > 0);
+    t.trim(0, 64 * B as u64).unwrap();
+    assert_eq!(t.stats().used_bytes, 0);
+    assert!(read(&t, 20, 1).iter().all(|&b| b == 0));
+}
+
+#[test]
+fn a_failed_write_leaves_no_copy_behind() {
+    let dev = Arc::new(FaultDev::new(Arc::new(MemDev::new(64 * B))));
+    let t = RamTier::new(dev.clone(), 16 * B as u64, RamPolicy::Lru, None);
+    t.write_at(&content(4, 1), 4 * B as u64, false).unwrap();
+    read(&t, 4, 1);
+    dev.fail_next_write();
+    assert!(t.write_at(&content(4, 2), 4 * B as u64, false).is_err());
+    // What the device holds is the answer, not the copy, nor the failed write's data.
+    assert_eq!(version_of(&read(&t, 4, 1), 4), 1);
+    let s = t.stats();
+    assert_eq!(
+        (s.invalidated_blocks, s.updated_blocks, s.hit_blocks),
+        (1, 0, 0),
+        "{s:?}"
+    );
+}
+
+#[test]
+fn long_and_unaligned_reads_go_below_and_are_not_kept() {
+    let (_below, t) = tier(1024, 512);
+    let mut buf = vec![0; 2 << 20];
+    t.read_at(&mut buf, 0).unwrap();
+    let mut odd = vec![0; 1000];
+    t.read_at(&mut odd, 100).unwrap();
+    let s = t.stats();
+    assert_eq!(
+        (s.bypassed_requests, s.lookup_blocks, s.used_bytes),
+        (2, 0, 0),
+        "{s:?}"
+    );
+}
+
+#[derive(Default)]
+struct Collect {
+    evicted: Mutex<Vec<(u64, Vec<u8>)>>,
+    shipped: AtomicU64,
+}
+
+impl EvictionSink for Collect {
+    fn evicted(&self, block: u64, data: &[u8]) {
+        self.evicted.lock().push((block, data.to_vec()));
+    }
+    fn ship(&self) {
+        self.shipped.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn evicted_blocks_reach_the_sink_with_their_data() {
+    let dev = Arc::new(MemDev::new(64 * B));
+    for b in 0..64 {
+        dev.write_at(&content(b, 1), b * B as u64, false).unwrap();
+    }
+    let sink = Arc::new(Collect::default());
+    let t = RamTier::new(dev, 8 * B as u64, RamPolicy::Fifo, Some(sink.clone()));
+    for b in 0..8 {
+        read(&t, b, 1);
+    }
+    assert!(sink.evicted.lock().is_empty());
+    read(&t, 8, 4);
+    let got = std::mem::take(&mut *sink.evicted.lock());
+    let blocks: Vec<u64> = got.iter().map(|(b, _)| *b).collect();
+    assert_eq!(blocks, vec![0, 1, 2, 3], "FIFO: the oldest four");
+    for (b, data) in &got {
+        assert_eq!(version_of(data, *b), 1);
+    }
+    assert_eq!(
+        sink.shipped.load(Ordering::Relaxed),
+        1,
+        "one ship per request"
+    );
+    assert_eq!(t.stats().evicted_blocks, 4);
+    // A write dropping a copy is not an eviction.
+    t.write_at(&content(9, 2), 9 * B as u64 + 8, false).unwrap();
+    assert!(sink.evicted.lock().is_empty());
+}
+
+#[test]
+fn memory_is_bounded_by_the_size_and_counted() {
+    let (_below, t) = tier(1 << 18, 1 << 14); // 1 GiB device, 64 MiB tier
+    let s = t.stats();
+    assert_eq!(s.capacity_bytes, 64 << 20);
+    // The copies, about 1% for their index, and the version record (8 bytes per block).
+    assert!(s.memory_bytes >= s.capacity_bytes + (1 << 18) * 8, "{s:?}");
+    assert!(
+        s.memory_bytes <= s.capacity_bytes * 102 / 100 + (1 << 18) * 8,
+        "{s:?}"
+    );
+}
+
+/// Writers rewrite whole 4-block pages (one writer at a time per page, each write stamped with
+/// the page's next version in all four blocks), readers read random runs of pages with no lock,
+/// through a device that pauses at random so that every interleaving happens. A read must see,
+/// for each page, one version in all its blocks (never torn), no older than the last write
+/// acknowledged before the read began and no newer than the last write begun before it ended.
+#[test]
+fn concurrent_reads_and_writes_never_see_old_or_torn_pages() {
+    const PAGES: u64 = 48;
+    const PAGE: u64 = 4;
+    let below = Below::new(Arc::new(MemDev::new((PAGES * PAGE) as usize * B)), true);
+    // A quarter of the pages fit: evictions, misses and hits all happen.
+    let t = Arc::new(RamTier::new(
+        below.clone(),
+        PAGES * PAGE / 4 * B as u64,
+        RamPolicy::Lru,
+        None,
+    ));
+    let writing: Arc<Vec<Mutex<()>>> = Arc::new((0..PAGES).map(|_| Mutex::new(())).collect());
+    let acked: Arc<Vec<AtomicU64>> = Arc::new((0..PAGES).map(|_| AtomicU64::new(0)).collect());
+    let begun: Arc<Vec<AtomicU64>> = Arc::new((0..PAGES).map(|_| AtomicU64::new(0)).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
+    let seconds = if std::env::var("FLASHTIER_LONG").as_deref() == Ok("1") {
+        40
+    } else {
+        4
+    };
+    let rng = |seed: u64| {
+        let mut x = seed | 1;
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    };
+    let page_bytes =
+        |p: u64, v: u64| -> Vec<u8> { (0..PAGE).flat_map(|i| content(p * PAGE + i, v)).collect() };
+    let writers: Vec<_> = (0..2u64)
+        .map(|w| {
+            let (t, writing, acked, begun, stop) = (
+                t.clone(),
+                writing.clone(),
+                acked.clone(),
+                begun.clone(),
+                stop.clone(),
+            );
+            thread::spawn(move || {
+                let mut next = rng(0xabc + w);
+                while !stop.load(Ordering::Relaxed) {
+                    // Hot pages more often, so some stay in memory while being rewritten.
+                    let p = (next() % PAGES).min(next() % PAGES);
+                    let _one_writer = writing[p as usize].lock();
+                    let v = begun[p as usize].load(Ordering::SeqCst) + 1;
+                    begun[p as usize].store(v, Ordering::SeqCst);
+                    let at = p * PAGE * B as u64;
+                    match next() % 8 {
+                        // A part of the page: the rest keeps its blocks, so rewrite it all after.
+                        0 => {
+                            t.write_at(&page_bytes(p, v)[..2 * B], at, false).unwrap();
+                            t.write_at(&page_bytes(p, v)[2 * B..], at + 2 * B as u64, false)
+                                .unwrap();
+                        }
+                        _ => t.write_at(&page_bytes(p, v), at, next() % 2 == 0).unwrap(),
+                    }
+                    acked[p as usize].store(v, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    let readers: Vec<_> = (0..3u64)
+        .map(|r| {
+            let (t, acked, begun, stop, reads) = (
+                t.clone(),
+                acked.clone(),
+                begun.clone(),
+                stop.clone(),
+                reads.clone(),
+            );
+            thread::spawn(move || {
+                let mut next = rng(0x5eed + r);
+                while !stop.load(Ordering::Relaxed) {
+                    let first = (next() % PAGES).min(next() % PAGES);
+                    let n = (1 + next() % 3).min(PAGES - first);
+                    let floor: Vec<u64> = (first..first + n)
+                        .map(|p| acked[p as usize].load(Ordering::SeqCst))
+                        .collect();
+                    let mut buf = vec![0; (n * PAGE) as usize * B];
+                    t.read_at(&mut buf, first * PAGE * B as u64).unwrap();
+                    for (i, p) in (first..first + n).enumerate() {
+                        let ceiling = begun[p as usize].load(Ordering::SeqCst);
+                        let page = &buf[i * (PAGE as usize) * B..][..PAGE as usize * B];
+                        let versions: Vec<u64> = (0..PAGE)
+                            .map(|k| version_of(&page[k as usize * B..][..B], p * PAGE + k))
+                            .collect();
+                        let v = versions[0];
+                        // A page being written in two halves may show the new first half only
+                        // while its write is in flight; a whole-page write never tears.
+                        assert!(
+                            versions.iter().all(|&x| x == v)
+                                || (versions[..2].iter().all(|&x| x == v)
+                                    && versions[2..].iter().all(|&x| x + 1 == v)),
+                            "page {p} torn: {versions:?}"
+                        );
+                        assert!(
+                            versions[3] >= floor[i],
+                            "page {p}: read {versions:?}, but {} was acknowledged before",
+                            floor[i]
+                        );
+                        assert!(
+                            v <= ceiling,
+                            "page {p}: {v} was never written (last {ceiling})"
+                        );
+                    }
+                    reads.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_secs(seconds));
+    stop.store(true, Ordering::Relaxed);
+    for w in writers {
+        w.join().unwrap();
+    }
+    for r in readers {
+        r.join().expect("a reader saw old or torn data");
+    }
+    let s = t.stats();
+    eprintln!("{} reads, {s:?}", reads.load(Ordering::Relaxed));
+    assert!(
+        s.hit_blocks > 0 && s.evicted_blocks > 0 && s.updated_blocks > 0,
+        "{s:?}"
+    );
+    // Quiet now: every page reads back its last version, from memory or not.
+    for p in 0..PAGES {
+        let buf = read(&t, p * PAGE, PAGE as usize);
+        for k in 0..PAGE {
+            assert_eq!(
+                version_of(&buf[k as usize * B..][..B], p * PAGE + k),
+                acked[p as usize].load(Ordering::SeqCst)
+            );
+        }
+    }
+}
