@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use flashtier_io::{BlockDev, ZeroOpts};
 use flashtier_memcached::{MemcachedMode, MemcachedTier, Pool, PoolOptions};
 use flashtier_testkit::memcached::{BlackHole, Memcached, Replayer};
+use flashtier_testkit::stamp::{content, version_of};
 use flashtier_testkit::MemDev;
 use parking_lot::Mutex;
 
@@ -30,33 +31,6 @@ fn tier(blocks: usize, servers: &[String], mode: MemcachedMode) -> (Arc<MemDev>,
     let pool = Arc::new(Pool::new(servers, options()).unwrap());
     let t = MemcachedTier::new(dev.clone(), pool, 7, mode).unwrap();
     (dev, t)
-}
-
-/// Block `block`'s content at version `v`: every 8 bytes say which block and which version, so
-/// a wrong block, an old version or a torn mix of two is seen.
-fn content(block: u64, v: u64) -> Vec<u8> {
-    let mut b = Vec::with_capacity(B);
-    while b.len() < B {
-        b.extend_from_slice(&(block << 32 | v).to_le_bytes());
-    }
-    b
-}
-
-fn version_of(buf: &[u8], block: u64) -> u64 {
-    if buf.iter().all(|&b| b == 0) {
-        return 0; // never written
-    }
-    let word = u64::from_le_bytes(buf[..8].try_into().unwrap());
-    assert!(
-        buf.chunks(8).all(|c| c == &word.to_le_bytes()[..]),
-        "block {block} is torn"
-    );
-    assert_eq!(
-        word >> 32,
-        block,
-        "block {block} holds another block's data"
-    );
-    word & 0xffff_ffff
 }
 
 fn read_block(t: &MemcachedTier, block: u64) -> Vec<u8> {

@@ -9,37 +9,11 @@ use std::time::Duration;
 
 use flashtier_io::{BlockDev, DevInfo, Extent, ZeroOpts};
 use flashtier_ram::{EvictionSink, RamPolicy, RamTier};
+use flashtier_testkit::stamp::{content, version_of};
 use flashtier_testkit::{FaultDev, MemDev};
 use parking_lot::Mutex;
 
 const B: usize = 4096;
-
-/// Block `block`'s content at version `v`: every 8 bytes say which block and which version, so
-/// a wrong block, an old version or a torn block is seen.
-fn content(block: u64, v: u64) -> Vec<u8> {
-    let mut b = Vec::with_capacity(B);
-    while b.len() < B {
-        b.extend_from_slice(&(block << 32 | v).to_le_bytes());
-    }
-    b
-}
-
-fn version_of(buf: &[u8], block: u64) -> u64 {
-    if buf.iter().all(|&b| b == 0) {
-        return 0; // never written
-    }
-    let word = u64::from_le_bytes(buf[..8].try_into().unwrap());
-    assert!(
-        buf.chunks(8).all(|c| c == &word.to_le_bytes()[..]),
-        "block {block} is torn"
-    );
-    assert_eq!(
-        word >> 32,
-        block,
-        "block {block} holds another block's data"
-    );
-    word & 0xffff_ffff
-}
 
 /// A device that counts the reads reaching it and, when `jitter` is set, pauses a little before
 /// and after each request so that requests overlap in every order.

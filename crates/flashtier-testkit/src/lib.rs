@@ -19,6 +19,9 @@
 //! - [`MemDev`] is **a plain device in RAM**, for unit tests, fuzzing and seed generation, where a
 //!   file would only add noise (and a filesystem to depend on).
 //!
+//! - [`stamp`] makes **self-describing blocks** (block number and version in every 8 bytes) for
+//!   verifying workloads.
+//!
 //! - [`memcached`] runs **memcached servers**: real ones on loopback ports, killed and restarted
 //!   on cue, and a stand-in that answers with values older than the last one set.
 //!
@@ -35,6 +38,7 @@ pub mod crash;
 pub mod fault;
 mod mem;
 pub mod memcached;
+pub mod stamp;
 
 pub use crash::{CrashDev, CrashPolicy};
 pub use fault::{Fault, FaultDev, WriteFailure};

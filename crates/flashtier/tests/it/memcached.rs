@@ -12,17 +12,17 @@ use serde_json::Value;
 use crate::harness::{self, path_str, run_any, text, Server, BIN};
 use crate::tools::{assert_fio_ok, fio_verify_job};
 
-fn ctl(socket: &Path, args: &[&str]) -> Output {
+pub(crate) fn ctl(socket: &Path, args: &[&str]) -> Output {
     run_any(Command::new(BIN).args(args).arg("--control").arg(socket))
 }
 
-fn ctl_ok(socket: &Path, args: &[&str]) -> String {
+pub(crate) fn ctl_ok(socket: &Path, args: &[&str]) -> String {
     let out = ctl(socket, args);
     assert!(out.status.success(), "flashtier {args:?}:\n{}", text(&out));
     String::from_utf8(out.stdout).unwrap()
 }
 
-fn counter(socket: &Path, name: &str) -> u64 {
+pub(crate) fn counter(socket: &Path, name: &str) -> u64 {
     let report: Value = serde_json::from_str(&ctl_ok(socket, &["stats", "--json"])).unwrap();
     report["counters"][name]
         .as_u64()
@@ -30,7 +30,7 @@ fn counter(socket: &Path, name: &str) -> u64 {
 }
 
 /// `flashtier serve` of `img` on a socket in `dir`, its control socket at `control`, with `args`.
-fn serve(dir: &Path, img: &Path, control: &Path, args: &[&str]) -> Server {
+pub(crate) fn serve(dir: &Path, img: &Path, control: &Path, args: &[&str]) -> Server {
     let mut all = args.to_vec();
     all.extend_from_slice(&["--control-socket", path_str(control)]);
     Server::on_socket(dir, path_str(img), &all)
@@ -38,7 +38,7 @@ fn serve(dir: &Path, img: &Path, control: &Path, args: &[&str]) -> Server {
 
 /// fio's verifying job `name` of `size` over `server`, `how` = `--do_verify=1` (write, then
 /// verify) or `--verify_only` (verify what the same job wrote before); it must pass.
-fn fio_verify(server: &Server, name: &str, size: &str, how: &str, what: &str) {
+pub(crate) fn fio_verify(server: &Server, name: &str, size: &str, how: &str, what: &str) {
     let uri = format!("--uri={}", server.uri);
     let out = run_any(&mut fio_verify_job(
         name,

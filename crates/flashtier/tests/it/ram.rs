@@ -8,14 +8,8 @@ use std::process::{Command, Output};
 use flashtier_testkit::memcached::Memcached;
 use serde_json::Value;
 
-use crate::harness::{self, path_str, run_any, text, Server, BIN};
-use crate::tools::{assert_fio_ok, fio_verify_job};
-
-fn ctl_ok(socket: &Path, args: &[&str]) -> String {
-    let out = run_any(Command::new(BIN).args(args).arg("--control").arg(socket));
-    assert!(out.status.success(), "flashtier {args:?}:\n{}", text(&out));
-    String::from_utf8(out.stdout).unwrap()
-}
+use crate::harness::{self, path_str, run_any, text, BIN};
+use crate::memcached::{ctl_ok, fio_verify, serve};
 
 fn report(socket: &Path) -> Value {
     serde_json::from_str(&ctl_ok(socket, &["stats", "--json"])).unwrap()
@@ -27,20 +21,15 @@ fn counter(report: &Value, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no counter {name}: {}", report["counters"]))
 }
 
-fn serve(dir: &Path, img: &Path, control: &Path, args: &[&str]) -> Server {
-    let mut all = args.to_vec();
-    all.extend_from_slice(&["--control-socket", path_str(control)]);
-    Server::on_socket(dir, path_str(img), &all)
-}
-
-fn fio_verify(server: &Server, name: &str, size: &str, how: &str, what: &str) {
-    let uri = format!("--uri={}", server.uri);
-    let out = run_any(&mut fio_verify_job(
-        name,
+/// A cache file of `size` with 1 MiB segments for `img`.
+fn format_cache(cache: &Path, img: &Path, size: &str) {
+    let out = run_any(harness::format_command(cache, path_str(img)).args([
+        "--size",
         size,
-        &["--ioengine=nbd", &uri, how],
-    ));
-    assert_fio_ok(&out, 1, what);
+        "--segment-size",
+        "1M",
+    ]));
+    assert!(out.status.success(), "{}", text(&out));
 }
 
 /// Above a cache: fio writes and verifies, verifies again (from memory), rewrites and verifies;
@@ -53,13 +42,7 @@ fn the_ram_tier_above_an_ssd_cache_verifies_and_reports() {
     let img = dir.path().join("backing.img");
     harness::sparse_file(&img, 64 << 20);
     let cache = dir.path().join("cache.img");
-    let out = run_any(harness::format_command(&cache, path_str(&img)).args([
-        "--size",
-        "16M",
-        "--segment-size",
-        "1M",
-    ]));
-    assert!(out.status.success(), "{}", text(&out));
+    format_cache(&cache, &img, "16M");
     let control = dir.path().join("control.sock");
     let server = serve(
         dir.path(),
@@ -202,13 +185,7 @@ fn serve_refuses_impossible_ram_tiers_and_explains_victim_with_a_cache() {
     }
     let m = Memcached::start(&["-m", "16"]);
     let cache = dir.path().join("cache.img");
-    let out = run_any(harness::format_command(&cache, path_str(&img)).args([
-        "--size",
-        "8M",
-        "--segment-size",
-        "1M",
-    ]));
-    assert!(out.status.success(), "{}", text(&out));
+    format_cache(&cache, &img, "8M");
     let control = dir.path().join("control.sock");
     let server = serve(
         dir.path(),
