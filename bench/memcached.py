@@ -511,6 +511,15 @@ def explain(rows, args):
                        f"measured run, {v['tps_ratio']:.2f}× the TPS of no memcached"
                        + (f", {v['tps'] / by[RAM]['tps']:.2f}× the RAM tier alone" if RAM in by and by[RAM]['tps']
                           else "") + ".")
+    if RQ_INC in by and RQ_VIC in by:
+        i, v = by[RQ_INC], by[RQ_VIC]
+        mi, mv = i.get("memcached_measured") or {}, v.get("memcached_measured") or {}
+        out.append(f"- with the RAM tier, victim {'above' if v['tps'] > i['tps'] else 'below'} inclusive: victim's pool "
+                   "holds what the RAM tier does not (the two are exclusive), inclusive's duplicates the RAM tier's "
+                   "hottest blocks and takes every block read or written below it: it stored "
+                   f"{fmt(mi.get('stored_blocks'))} blocks during the measured run against victim's "
+                   f"{fmt(mv.get('stored_blocks'))}, for a memcached hit % of {fmt(i['memcached_hit_pct'], '.1f')} "
+                   f"against {fmt(v['memcached_hit_pct'], '.1f')}.")
     if Q_VIC in by:
         v = by[Q_VIC]
         out.append(f"- victim stored {fmt(v['stored_after_warm'])} blocks while warming and hit "

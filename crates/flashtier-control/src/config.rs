@@ -736,10 +736,10 @@ pub const SERVE_KEYS: &[KeyInfo] = &[
         name: "memcached_mode",
         doc: "What the memcached tier stores: inclusive (blocks read from and written to the \
               backing store; a hit leaves them there) or victim (blocks a faster tier evicts; a \
-              hit removes them). Victim mode stores the blocks the RAM tier ({ram_cache}) evicts \
-              when the RAM tier sits directly on the memcached tier (no {cache}); the SSD tier \
-              does not hand its evictions down yet, so when {cache} is set victim stores nothing. \
-              Change it live with `flashtier memcached mode MODE` or `flashtier set \
+              hit removes them). In victim mode the tier directly above hands its evictions down: \
+              the SSD tier ({cache}; reclaim then reads the clean blocks it evicts from the cache \
+              device), or, with no {cache}, the RAM tier ({ram_cache}); with neither, victim \
+              stores nothing. Change it live with `flashtier memcached mode MODE` or `flashtier set \
               memcached_mode MODE`.",
         default: "\"inclusive\"",
         default_is_value: true,

@@ -253,6 +253,9 @@ pub struct DetachOptions {
     /// The mode of an attached cache when neither `attach --mode` nor a detached cache says
     /// (`serve --mode`).
     pub mode: Option<Mode>,
+    /// Where an attached cache hands the clean blocks it evicts (the memcached tier's victim
+    /// mode), as `serve` set it for the cache it opened.
+    pub victim_sink: Option<Arc<dyn flashtier_engine::VictimSink>>,
 }
 
 /// The result of `attach`.
@@ -1347,6 +1350,7 @@ impl Controller {
         format(&*device, d.identity.clone(), opts).map_err(|e| attach_err(e.to_string()))?;
         let cache = Cache::open(device, d.backing.clone(), &d.identity, Some(mode))
             .map_err(|e| attach_err(e.to_string()))?;
+        cache.set_victim_sink(d.victim_sink.clone());
         // One change (the carried values win): applied one at a time, a pair of watermarks
         // could be refused halfway between the defaults and the values carried.
         let carried = att.detached.iter().flat_map(|det| det.params.iter());
@@ -1750,6 +1754,7 @@ pub(crate) mod tests {
                 }),
                 policy: vec![("promotion".into(), "nhit".into())],
                 mode: None,
+                victim_sink: None,
             }),
             memcached: None,
             ram: None,

@@ -70,6 +70,8 @@ pub struct Engine {
     pub(crate) atomic_bytes: u32,
     /// What recovery found damaged when this cache was opened.
     pub(crate) recovery_damage: Vec<crate::recover::Damage>,
+    /// Where reclaim hands the clean blocks it evicts (`victims.rs`), if anywhere.
+    pub(crate) victim_sink: RwLock<Option<Arc<dyn crate::victims::VictimSink>>>,
 }
 
 impl Engine {
@@ -339,6 +341,7 @@ pub(crate) fn open_engine(
         cached_blocks: sb.backing.size / geo.block_size as u64,
         atomic_bytes,
         recovery_damage: damage,
+        victim_sink: RwLock::new(None),
     };
     let engine_damage_empty = engine.recovery_damage.is_empty();
     let lost_at_open: u64 = engine

@@ -68,6 +68,7 @@ mod segments;
 mod state;
 mod stats;
 pub mod tunables;
+mod victims;
 mod writeback;
 mod writeback_control;
 
@@ -86,6 +87,7 @@ pub use recover::{read_superblock, Damage};
 pub use scan::{scan, ScanReport};
 pub use stats::StatsSnapshot;
 pub use tunables::{ParamError, ParamInfo, PARAMS};
+pub use victims::VictimSink;
 pub use writeback_control::{WritebackState, WritebackStatus};
 
 /// The on-device format's types and decoders, for the engine's own integration tests and the

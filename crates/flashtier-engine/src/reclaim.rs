@@ -35,6 +35,7 @@ use crate::log::{LogError, Record, RESERVE};
 use crate::policy::ReclaimPolicy;
 use crate::state::DirtyBlock;
 use crate::stats::Stats;
+use crate::victims;
 
 /// How long reclaim waits before its first retry after an error (e.g. the backing store
 /// failed a write-back); each further failure in a row doubles the wait, up to `MAX_BACKOFF`.
@@ -310,7 +311,26 @@ fn reclaim_segment(e: &Engine, victim: Victim, budget: &mut CopyBudget) -> io::R
         return Ok(());
     }
 
-    // 3. Every clean block still in the victim is evicted; eviction needs no log space.
+    // 3. Every clean block still in the victim is evicted; eviction needs no log space. A tier
+    //    below that keeps victims gets them (read first, with its versions taken before).
+    let mut handoff = victims::read_clean(e, first, bps);
+    let result = evict_clean(e, victim, compact, first, bps, handoff.as_mut());
+    if let Some(h) = handoff {
+        h.ship();
+    }
+    result
+}
+
+/// Evicts every clean block still in `victim` (telling `handoff` which went), and quarantines
+/// the segment if that emptied it.
+fn evict_clean(
+    e: &Engine,
+    victim: u32,
+    compact: bool,
+    first: u32,
+    bps: u32,
+    mut handoff: Option<&mut victims::Handoff>,
+) -> io::Result<()> {
     let mut st = e.state.write();
     let remaining: Vec<DirtyBlock> = st
         .index
@@ -323,6 +343,9 @@ fn reclaim_segment(e: &Engine, victim: Victim, budget: &mut CopyBudget) -> io::R
         if st.index.remove_if(b.lba, b.slot) {
             st.segs.on_unmap(b.slot, false);
             evicted += 1;
+            if let Some(h) = handoff.as_deref_mut() {
+                h.evicted(b.lba, b.slot);
+            }
         }
     }
     Stats::add(&e.stats.evicted_blocks, evicted);

@@ -21,9 +21,10 @@
 //! - `inclusive`: blocks read from the store below and blocks written to it are stored, and a
 //!   hit leaves the value where it is.
 //! - `victim`: only blocks evicted by a faster tier are stored ([`MemcachedTier::offer_victim`]),
-//!   and a hit removes the value (the tier above keeps the block). The RAM tier hands its
-//!   evictions down when it sits directly on this tier; the SSD tier does not yet, so with an
-//!   SSD tier this mode stores nothing; `serve` says so.
+//!   and a hit removes the value (the tier above keeps the block). The tier directly above hands
+//!   its evictions down: the SSD tier's reclaim ([`MemcachedTier::victim_tags`] before it reads
+//!   them, then [`MemcachedTier::offer_tagged`]), or, with no SSD tier, the RAM tier
+//!   ([`MemcachedTier::offer_victim`]).
 
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -207,32 +208,65 @@ impl MemcachedTier {
         }
     }
 
-    /// Offers `block`, which a faster tier evicts with content `data`, to be stored in `victim`
-    /// mode (a no-op in `inclusive` mode, which stored the block when it was read).
+    /// Whether offered victims are taken now (`victim` mode, the tier on, servers in the pool).
+    pub fn takes_victims(&self) -> bool {
+        self.mode() == MemcachedMode::Victim && self.enabled() && !self.pool.is_empty()
+    }
+
+    /// Appends to `out` the versions of the blocks of `[offset, offset + len)` now, for a faster
+    /// tier to take *before* it reads data it will offer ([`MemcachedTier::offer_tagged`]);
+    /// false if the range is not whole blocks or a write to one of them is in flight.
+    pub fn victim_tags(&self, offset: u64, len: usize, out: &mut Vec<Tag>) -> bool {
+        let b = BLOCK as u64;
+        if !offset.is_multiple_of(b) || !len.is_multiple_of(BLOCK) {
+            return false;
+        }
+        let start = out.len();
+        for block in offset / b..(offset + len as u64) / b {
+            let tag = self.versions.tag(block);
+            if !tag.quiet() {
+                out.truncate(start);
+                return false;
+            }
+            out.push(tag);
+        }
+        true
+    }
+
+    /// Offers `data`, the content of `[offset, offset + data.len())` that a faster tier evicts,
+    /// with the versions [`MemcachedTier::victim_tags`] gave before the data was read, to be
+    /// stored in `victim` mode. The caller guarantees that no write of those blocks reached the
+    /// store below between taking the versions and reading the data it offers (a write after
+    /// that makes the value old). Nothing is sent until [`MemcachedTier::ship_victims`].
+    pub fn offer_tagged(&self, offset: u64, tags: &[Tag], data: &[u8]) {
+        if !self.takes_victims() || data.len() != tags.len() * BLOCK {
+            return;
+        }
+        let first = offset / BLOCK as u64;
+        let mut queue = self.victims.lock();
+        for (i, (&tag, piece)) in tags.iter().zip(data.chunks_exact(BLOCK)).enumerate() {
+            if queue.len() >= MAX_QUEUED_VICTIMS {
+                bump(&self.counters.store_failures, (tags.len() - i) as u64);
+                return;
+            }
+            queue.push((first + i as u64, tag, piece.to_vec()));
+        }
+    }
+
+    /// Offers `block`, which a faster tier evicts with content `data`, its version taken now.
     ///
     /// The caller guarantees that `data` is what the store below holds for `block` at the time
     /// of the call and that no write to the block can reach this tier during it (the RAM tier
     /// calls this under the lock its writes drop copies under, and only when it sits directly
-    /// on this tier). The block's version is taken here, so any write after the call makes the
-    /// value old. Nothing is sent until [`MemcachedTier::ship_victims`].
+    /// on this tier).
     pub fn offer_victim(&self, block: u64, data: &[u8]) {
-        if self.mode() != MemcachedMode::Victim
-            || !self.enabled()
-            || data.len() != BLOCK
-            || self.pool.is_empty()
-        {
+        if !self.takes_victims() {
             return;
         }
-        let tag = self.versions.tag(block);
-        if !tag.quiet() {
-            return;
+        let mut tags = Vec::with_capacity(1);
+        if self.victim_tags(block * BLOCK as u64, data.len(), &mut tags) {
+            self.offer_tagged(block * BLOCK as u64, &tags, data);
         }
-        let mut queue = self.victims.lock();
-        if queue.len() >= MAX_QUEUED_VICTIMS {
-            bump(&self.counters.store_failures, 1);
-            return;
-        }
-        queue.push((block, tag, data.to_vec()));
     }
 
     /// Stores the victims offered so far, in one pipelined batch.

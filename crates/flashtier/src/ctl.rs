@@ -245,9 +245,8 @@ pub enum MemcachedCommand {
     /// Change what the tier stores (the live parameter memcached_mode, as `flashtier set
     /// memcached_mode MODE`): inclusive stores blocks read from and written to the store below
     /// and leaves a value in place on a hit; victim stores blocks a faster tier evicts and
-    /// removes a value on a hit (only a RAM tier standing directly on the memcached tier, with
-    /// no cache, hands its evictions down; otherwise victim stores nothing new). Effective from
-    /// the next request.
+    /// removes a value on a hit (the SSD tier hands its evictions down, or with no cache the
+    /// RAM tier; with neither, victim stores nothing new). Effective from the next request.
     Mode {
         /// inclusive or victim.
         #[arg(value_name = "MODE", value_parser = parse_memcached_mode)]
@@ -567,10 +566,9 @@ pub fn memcached(args: MemcachedArgs) -> anyhow::Result<()> {
             println!("memcached_mode = {}", m.mode);
             if m.mode == MemcachedMode::Victim.to_string() {
                 eprintln!(
-                    "flashtier: note: victim stores only blocks a faster tier evicts, and only \
-                     a RAM tier standing directly on the memcached tier (--ram-cache without \
-                     --cache) hands its evictions down: with an SSD tier, or no RAM tier, the \
-                     tier stores nothing new in this mode"
+                    "flashtier: note: victim stores only blocks the tier above evicts (the \
+                     SSD tier, or with no cache the RAM tier): a server with neither stores \
+                     nothing new in this mode"
                 );
             }
         }

@@ -337,25 +337,34 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(tier) => tier.clone(),
         None => backing,
     };
+    // The tier directly above the memcached tier hands it its evictions (its victim mode).
+    let victims = memcached
+        .clone()
+        .map(|tier| Arc::new(MemcachedVictims(tier)));
     // With no cache, the RAM tier stands directly on the memcached tier (or the backing
-    // store), the only place it can hand its evictions to memcached's victim mode: nothing else
-    // writes below it. A cache attached later goes above it.
+    // store), the only place it can hand its evictions down: nothing else writes below it. A
+    // cache attached later goes above it.
     let ram_over_backing = match args.ram_cache {
         Some(bytes) if args.cache.is_none() => {
-            let sink = memcached.clone().map(|tier| {
-                Arc::new(MemcachedVictims(tier)) as Arc<dyn flashtier_ram::EvictionSink>
-            });
+            let sink = victims
+                .clone()
+                .map(|v| v as Arc<dyn flashtier_ram::EvictionSink>);
             Some(open_ram(bytes, &args, backing.clone(), sink)?)
         }
         _ => None,
     };
+    let victim_sink = victims.map(|v| v as Arc<dyn flashtier_engine::VictimSink>);
     let backing: Arc<dyn BlockDev> = match &ram_over_backing {
         Some(ram) => ram.clone(),
         None => backing,
     };
     let cache = match &args.cache {
         None => None,
-        Some(path) => Some(open_cache(path, &args, &identity, backing.clone())?),
+        Some(path) => {
+            let cache = open_cache(path, &args, &identity, backing.clone())?;
+            cache.set_victim_sink(victim_sink.clone());
+            Some(cache)
+        }
     };
     let inner: Arc<dyn BlockDev> = match &cache {
         Some(c) => c.clone(),
@@ -401,6 +410,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             }),
             policy: args.policy.clone(),
             mode: args.mode,
+            victim_sink,
         }),
     }));
     let mut export = Export::new(args.export_name.clone(), timed);
@@ -681,20 +691,40 @@ fn open_memcached(
     let tier = MemcachedTier::new(backing, Arc::new(pool), namespace, args.memcached_mode)
         .context("cannot start the memcached tier")?;
     if args.memcached_mode == MemcachedMode::Victim
-        && (args.cache.is_some() || args.ram_cache.is_none())
+        && args.cache.is_none()
+        && args.ram_cache.is_none()
     {
-        let msg = "memcached_mode victim stores only blocks a faster tier evicts, and only the \
-                   RAM tier hands its evictions down, when it stands directly on the memcached \
-                   tier (--ram-cache without --cache): the memcached tier will store nothing \
-                   (inclusive stores what is read from and written to the backing store)";
+        let msg = "memcached_mode victim stores only blocks a faster tier evicts (the SSD tier's, \
+                   or the RAM tier's without a cache), and there is neither --cache nor \
+                   --ram-cache: the memcached tier will store nothing (inclusive stores what is \
+                   read from and written to the backing store)";
         eprintln!("flashtier: WARNING: {msg}");
         tracing::warn!("{msg}");
     }
     Ok(Arc::new(tier))
 }
 
-/// The memcached tier as the sink of the RAM tier's evictions (its `victim` mode).
+/// The memcached tier as the sink of the evictions of the tier directly above it, the SSD tier's
+/// or the RAM tier's (its `victim` mode).
 struct MemcachedVictims(Arc<flashtier_memcached::MemcachedTier>);
+
+impl flashtier_engine::VictimSink for MemcachedVictims {
+    fn wants(&self) -> bool {
+        self.0.takes_victims()
+    }
+
+    fn tags(&self, offset: u64, len: usize, out: &mut Vec<flashtier_io::versions::Tag>) -> bool {
+        self.0.victim_tags(offset, len, out)
+    }
+
+    fn offer(&self, offset: u64, tags: &[flashtier_io::versions::Tag], data: &[u8]) {
+        self.0.offer_tagged(offset, tags, data);
+    }
+
+    fn ship(&self) {
+        self.0.ship_victims();
+    }
+}
 
 impl flashtier_ram::EvictionSink for MemcachedVictims {
     fn evicted(&self, block: u64, data: &[u8]) {

@@ -229,3 +229,67 @@ fn under_an_ssd_cache_the_memcached_tier_serves_its_misses() {
     );
     server.stop();
 }
+
+/// Victim mode under an SSD cache smaller than the data: reclaim hands the clean blocks it
+/// evicts to memcached, reads that miss the cache come back from there (and leave it), and fio
+/// verifies every byte.
+#[test]
+fn an_ssd_cache_hands_its_evictions_to_memcached_in_victim_mode() {
+    harness::require("fio");
+    let m = Memcached::start(&["-m", "128"]);
+    let dir = harness::scratch();
+    let img = dir.path().join("backing.img");
+    harness::sparse_file(&img, 64 << 20);
+    let cache = dir.path().join("cache.img");
+    let out = run_any(harness::format_command(&cache, path_str(&img)).args([
+        "--size",
+        "16M",
+        "--segment-size",
+        "1M",
+    ]));
+    assert!(out.status.success(), "{}", text(&out));
+    let control = dir.path().join("control.sock");
+    let server = serve(
+        dir.path(),
+        &img,
+        &control,
+        &[
+            "--cache",
+            path_str(&cache),
+            "--memcached",
+            &m.addr(),
+            "--memcached-mode",
+            "victim",
+            "--memcached-timeout-ms",
+            "200",
+        ],
+    );
+    assert!(
+        !server.log().contains("will store nothing"),
+        "{}",
+        server.log()
+    );
+    fio_verify(
+        &server,
+        "mc-victim",
+        "48M",
+        "--do_verify=1",
+        "fio randwrite+verify over the SSD tier, its evictions in memcached",
+    );
+    fio_verify(
+        &server,
+        "mc-victim",
+        "48M",
+        "--verify_only",
+        "fio verify again, the SSD tier's misses partly from memcached",
+    );
+    assert!(
+        counter(&control, "evicted_blocks") > 0,
+        "the cache evicted nothing: the test proves nothing"
+    );
+    assert!(counter(&control, "memcached_stored_blocks") > 0);
+    assert!(counter(&control, "memcached_hit_blocks") > 0);
+    assert!(counter(&control, "memcached_removed_blocks") > 0);
+    assert_eq!(counter(&control, "memcached_corrupt_values"), 0);
+    server.stop();
+}

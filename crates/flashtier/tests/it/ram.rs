@@ -157,9 +157,9 @@ fn refused(args: &[&str]) -> Output {
 }
 
 /// Sizes that are not sizes, or more than the machine's memory, are refused before anything
-/// starts; victim mode with a cache says it stores nothing.
+/// starts.
 #[test]
-fn serve_refuses_impossible_ram_tiers_and_explains_victim_with_a_cache() {
+fn serve_refuses_impossible_ram_tiers() {
     let dir = harness::scratch();
     let img = dir.path().join("backing.img");
     harness::sparse_file(&img, 16 << 20);
@@ -183,29 +183,4 @@ fn serve_refuses_impossible_ram_tiers_and_explains_victim_with_a_cache() {
             text(&out)
         );
     }
-    let m = Memcached::start(&["-m", "16"]);
-    let cache = dir.path().join("cache.img");
-    format_cache(&cache, &img, "8M");
-    let control = dir.path().join("control.sock");
-    let server = serve(
-        dir.path(),
-        &img,
-        &control,
-        &[
-            "--cache",
-            path_str(&cache),
-            "--ram-cache",
-            "1M",
-            "--memcached",
-            &m.addr(),
-            "--memcached-mode",
-            "victim",
-        ],
-    );
-    assert!(
-        server.log().contains("will store nothing"),
-        "{}",
-        server.log()
-    );
-    server.stop();
 }
