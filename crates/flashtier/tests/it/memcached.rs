@@ -48,6 +48,17 @@ pub(crate) fn fio_verify(server: &Server, name: &str, size: &str, how: &str, wha
     assert_fio_ok(&out, 1, what);
 }
 
+/// Formats a cache file of `size` with 1 MiB segments for `img`.
+pub(crate) fn format_cache(cache: &Path, img: &Path, size: &str) {
+    let out = run_any(harness::format_command(cache, path_str(img)).args([
+        "--size",
+        size,
+        "--segment-size",
+        "1M",
+    ]));
+    assert!(out.status.success(), "{}", text(&out));
+}
+
 /// How many of the tier's servers `stats --json` reports up.
 fn servers_up(socket: &Path) -> usize {
     let report: Value = serde_json::from_str(&ctl_ok(socket, &["stats", "--json"])).unwrap();
@@ -184,23 +195,22 @@ fn serve_says_what_victim_mode_does_and_a_server_without_the_tier_refuses() {
     plain.stop();
 }
 
-/// Under the SSD tier: a cache smaller than the data, so its misses and write-backs go through
-/// the memcached tier; fio verifies every byte, and the pool served some of the misses.
-#[test]
-fn under_an_ssd_cache_the_memcached_tier_serves_its_misses() {
-    harness::require("fio");
-    let m = Memcached::start(&["-m", "128"]);
+/// An SSD cache of 16 MiB over a 64 MiB backing store, the memcached tier (one server of
+/// 128 MiB) under it in `mode`: the stack of the tests below, kept alive with them.
+struct SsdOverMemcached {
+    server: Server,
+    control: std::path::PathBuf,
+    _memcached: Memcached,
+    _dir: tempfile::TempDir,
+}
+
+fn ssd_over_memcached(mode: &str) -> SsdOverMemcached {
+    let memcached = Memcached::start(&["-m", "128"]);
     let dir = harness::scratch();
     let img = dir.path().join("backing.img");
     harness::sparse_file(&img, 64 << 20);
     let cache = dir.path().join("cache.img");
-    let out = run_any(harness::format_command(&cache, path_str(&img)).args([
-        "--size",
-        "16M",
-        "--segment-size",
-        "1M",
-    ]));
-    assert!(out.status.success(), "{}", text(&out));
+    format_cache(&cache, &img, "16M");
     let control = dir.path().join("control.sock");
     let server = serve(
         dir.path(),
@@ -210,24 +220,42 @@ fn under_an_ssd_cache_the_memcached_tier_serves_its_misses() {
             "--cache",
             path_str(&cache),
             "--memcached",
-            &m.addr(),
+            &memcached.addr(),
+            "--memcached-mode",
+            mode,
             "--memcached-timeout-ms",
             "200",
         ],
     );
+    SsdOverMemcached {
+        server,
+        control,
+        _memcached: memcached,
+        _dir: dir,
+    }
+}
+
+/// Under the SSD tier: a cache smaller than the data, so its misses and write-backs go through
+/// the memcached tier; fio verifies every byte, and the pool served some of the misses.
+#[test]
+fn under_an_ssd_cache_the_memcached_tier_serves_its_misses() {
+    harness::require("fio");
+    // Bound whole: the memcached server and the directory live as long as the test.
+    let stack = ssd_over_memcached("inclusive");
+    let (server, control) = (&stack.server, &stack.control);
     fio_verify(
-        &server,
+        server,
         "mc-ssd",
         "48M",
         "--do_verify=1",
         "fio randwrite+verify over the SSD and memcached tiers",
     );
-    assert!(counter(&control, "memcached_stored_blocks") > 0);
+    assert!(counter(control, "memcached_stored_blocks") > 0);
     assert!(
-        counter(&control, "memcached_hit_blocks") > 0,
+        counter(control, "memcached_hit_blocks") > 0,
         "no SSD miss was served by memcached"
     );
-    server.stop();
+    stack.server.stop();
 }
 
 /// Victim mode under an SSD cache smaller than the data: reclaim hands the clean blocks it
@@ -236,60 +264,35 @@ fn under_an_ssd_cache_the_memcached_tier_serves_its_misses() {
 #[test]
 fn an_ssd_cache_hands_its_evictions_to_memcached_in_victim_mode() {
     harness::require("fio");
-    let m = Memcached::start(&["-m", "128"]);
-    let dir = harness::scratch();
-    let img = dir.path().join("backing.img");
-    harness::sparse_file(&img, 64 << 20);
-    let cache = dir.path().join("cache.img");
-    let out = run_any(harness::format_command(&cache, path_str(&img)).args([
-        "--size",
-        "16M",
-        "--segment-size",
-        "1M",
-    ]));
-    assert!(out.status.success(), "{}", text(&out));
-    let control = dir.path().join("control.sock");
-    let server = serve(
-        dir.path(),
-        &img,
-        &control,
-        &[
-            "--cache",
-            path_str(&cache),
-            "--memcached",
-            &m.addr(),
-            "--memcached-mode",
-            "victim",
-            "--memcached-timeout-ms",
-            "200",
-        ],
-    );
+    // Bound whole: the memcached server and the directory live as long as the test.
+    let stack = ssd_over_memcached("victim");
+    let (server, control) = (&stack.server, &stack.control);
     assert!(
         !server.log().contains("will store nothing"),
         "{}",
         server.log()
     );
     fio_verify(
-        &server,
+        server,
         "mc-victim",
         "48M",
         "--do_verify=1",
         "fio randwrite+verify over the SSD tier, its evictions in memcached",
     );
     fio_verify(
-        &server,
+        server,
         "mc-victim",
         "48M",
         "--verify_only",
         "fio verify again, the SSD tier's misses partly from memcached",
     );
     assert!(
-        counter(&control, "evicted_blocks") > 0,
+        counter(control, "evicted_blocks") > 0,
         "the cache evicted nothing: the test proves nothing"
     );
-    assert!(counter(&control, "memcached_stored_blocks") > 0);
-    assert!(counter(&control, "memcached_hit_blocks") > 0);
-    assert!(counter(&control, "memcached_removed_blocks") > 0);
-    assert_eq!(counter(&control, "memcached_corrupt_values"), 0);
-    server.stop();
+    assert!(counter(control, "memcached_stored_blocks") > 0);
+    assert!(counter(control, "memcached_hit_blocks") > 0);
+    assert!(counter(control, "memcached_removed_blocks") > 0);
+    assert_eq!(counter(control, "memcached_corrupt_values"), 0);
+    stack.server.stop();
 }

@@ -9,7 +9,7 @@ use flashtier_testkit::memcached::Memcached;
 use serde_json::Value;
 
 use crate::harness::{self, path_str, run_any, text, BIN};
-use crate::memcached::{ctl_ok, fio_verify, serve};
+use crate::memcached::{ctl_ok, fio_verify, format_cache, serve};
 
 fn report(socket: &Path) -> Value {
     serde_json::from_str(&ctl_ok(socket, &["stats", "--json"])).unwrap()
@@ -19,17 +19,6 @@ fn counter(report: &Value, name: &str) -> u64 {
     report["counters"][name]
         .as_u64()
         .unwrap_or_else(|| panic!("no counter {name}: {}", report["counters"]))
-}
-
-/// A cache file of `size` with 1 MiB segments for `img`.
-fn format_cache(cache: &Path, img: &Path, size: &str) {
-    let out = run_any(harness::format_command(cache, path_str(img)).args([
-        "--size",
-        size,
-        "--segment-size",
-        "1M",
-    ]));
-    assert!(out.status.success(), "{}", text(&out));
 }
 
 /// Above a cache: fio writes and verifies, verifies again (from memory), rewrites and verifies;
