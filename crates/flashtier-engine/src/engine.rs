@@ -70,8 +70,8 @@ pub struct Engine {
     pub(crate) atomic_bytes: u32,
     /// What recovery found damaged when this cache was opened.
     pub(crate) recovery_damage: Vec<crate::recover::Damage>,
-    /// Where reclaim hands the clean blocks it evicts (`victims.rs`), if anywhere.
-    pub(crate) victim_sink: RwLock<Option<Arc<dyn crate::victims::VictimSink>>>,
+    /// Where reclaim hands the clean blocks it evicts (`handoff.rs`), if anywhere.
+    pub(crate) victim_sink: RwLock<Option<Arc<dyn crate::victim_sink::VictimSink>>>,
 }
 
 impl Engine {

@@ -50,6 +50,7 @@ mod cleaner;
 mod cow;
 mod engine;
 mod guards;
+mod handoff;
 mod health;
 mod index;
 mod integrity;
@@ -68,7 +69,7 @@ mod segments;
 mod state;
 mod stats;
 pub mod tunables;
-mod victims;
+mod victim_sink;
 mod writeback;
 mod writeback_control;
 
@@ -87,7 +88,7 @@ pub use recover::{read_superblock, Damage};
 pub use scan::{scan, ScanReport};
 pub use stats::StatsSnapshot;
 pub use tunables::{ParamError, ParamInfo, PARAMS};
-pub use victims::VictimSink;
+pub use victim_sink::VictimSink;
 pub use writeback_control::{WritebackState, WritebackStatus};
 
 /// The on-device format's types and decoders, for the engine's own integration tests and the

@@ -29,13 +29,13 @@ use flashtier_io::AlignedBuf;
 
 use crate::cleaner;
 use crate::engine::Engine;
+use crate::handoff;
 use crate::integrity::{self, Verdict};
 use crate::layout::batch::Kind;
 use crate::log::{LogError, Record, RESERVE};
 use crate::policy::ReclaimPolicy;
 use crate::state::DirtyBlock;
 use crate::stats::Stats;
-use crate::victims;
 
 /// How long reclaim waits before its first retry after an error (e.g. the backing store
 /// failed a write-back); each further failure in a row doubles the wait, up to `MAX_BACKOFF`.
@@ -313,7 +313,7 @@ fn reclaim_segment(e: &Engine, victim: Victim, budget: &mut CopyBudget) -> io::R
 
     // 3. Every clean block still in the victim is evicted; eviction needs no log space. A tier
     //    below that keeps victims gets them (read first, with its versions taken before).
-    let mut handoff = victims::read_clean(e, first, bps);
+    let mut handoff = handoff::read_clean(e, first, bps);
     let result = evict_clean(e, victim, compact, first, bps, handoff.as_mut());
     if let Some(h) = handoff {
         h.ship();
@@ -329,7 +329,7 @@ fn evict_clean(
     compact: bool,
     first: u32,
     bps: u32,
-    mut handoff: Option<&mut victims::Handoff>,
+    mut handoff: Option<&mut handoff::Handoff>,
 ) -> io::Result<()> {
     let mut st = e.state.write();
     let remaining: Vec<DirtyBlock> = st

@@ -272,7 +272,7 @@ impl Cache {
     }
 
     /// Hands the clean blocks reclaim evicts to `sink` from now on (None: to nobody). See
-    /// `victims.rs` for why a sink's version taken before the read proves the data current.
+    /// `victim_sink.rs` for why a sink's version taken before the read proves the data current.
     pub fn set_victim_sink(&self, sink: Option<Arc<dyn crate::VictimSink>>) {
         *self.e.victim_sink.write() = sink;
     }
