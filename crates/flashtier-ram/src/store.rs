@@ -226,6 +226,8 @@ impl Shard {
 pub struct Store {
     shards: Box<[Mutex<Shard>]>,
     capacity: u64,
+    /// What `new` allocated (fixed: nothing grows afterwards).
+    memory_bytes: u64,
 }
 
 /// Slots per shard below which the store is not split further: a shard of fewer would evict
@@ -241,14 +243,28 @@ impl Store {
         // The largest power of two of shards that leaves each at least MIN_SHARD_SLOTS.
         let want = (capacity / MIN_SHARD_SLOTS).clamp(1, MAX_SHARDS);
         let n = 1u64 << (63 - want.leading_zeros());
-        let shards = (0..n)
+        let shards: Box<[Mutex<Shard>]> = (0..n)
             .map(|i| {
                 // The remainder goes to the first shards, so the total is exactly `capacity`.
                 let cap = capacity / n + u64::from(i < capacity % n);
                 Mutex::new(Shard::new(cap as u32))
             })
             .collect();
-        Store { shards, capacity }
+        // hashbrown: 8 + 4 bytes of entry (padded to 16) and 1 control byte per bucket, buckets
+        // = capacity * 8 / 7 rounded up to a power of two.
+        let memory_bytes = shards
+            .iter()
+            .map(|s| {
+                let cap = u64::from(s.lock().cap);
+                let buckets = (cap * 8 / 7 + 1).next_power_of_two();
+                cap * (BLOCK as u64 + std::mem::size_of::<Slot>() as u64) + buckets * 17
+            })
+            .sum();
+        Store {
+            shards,
+            capacity,
+            memory_bytes,
+        }
     }
 
     /// Blocks the store can hold.
@@ -291,15 +307,7 @@ impl Store {
     /// An estimate of the memory the store allocated: the slot buffers, the slot tables and the
     /// maps at their reserved capacity.
     pub fn memory_bytes(&self) -> u64 {
-        // hashbrown: 8 + 4 bytes of entry (padded to 16) and 1 control byte per bucket, buckets
-        // = capacity * 8 / 7 rounded up to a power of two.
-        let mut total = 0;
-        self.each_shard(|s| {
-            let buckets = (u64::from(s.cap) * 8 / 7 + 1).next_power_of_two();
-            total += u64::from(s.cap) * (BLOCK as u64 + std::mem::size_of::<Slot>() as u64)
-                + buckets * 17;
-        });
-        total
+        self.memory_bytes
     }
 }
 

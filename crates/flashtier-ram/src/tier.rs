@@ -238,11 +238,13 @@ impl BlockDev for RamTier {
     }
 
     fn describe(&self) -> String {
-        format!(
-            "{} with a RAM tier of {} MiB",
-            self.below.describe(),
-            (self.store.capacity() * BLOCK as u64) >> 20
-        )
+        let bytes = self.store.capacity() * BLOCK as u64;
+        let size = if bytes.is_multiple_of(1 << 20) {
+            format!("{} MiB", bytes >> 20)
+        } else {
+            format!("{} KiB", bytes >> 10)
+        };
+        format!("{} with a RAM tier of {size}", self.below.describe())
     }
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {

@@ -138,7 +138,7 @@ fn flashtier(args: &[&str]) -> Output {
 }
 
 /// `report.counters.NAME`; panics naming the counter if it is missing.
-fn counter(report: &Value, name: &str) -> u64 {
+pub(crate) fn counter(report: &Value, name: &str) -> u64 {
     report["counters"][name].as_u64().unwrap_or_else(|| {
         panic!(
             "no counter {name:?} in stats --json's counters: {}",

@@ -22,11 +22,13 @@ pub(crate) fn ctl_ok(socket: &Path, args: &[&str]) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
-pub(crate) fn counter(socket: &Path, name: &str) -> u64 {
-    let report: Value = serde_json::from_str(&ctl_ok(socket, &["stats", "--json"])).unwrap();
-    report["counters"][name]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no counter {name}: {}", report["counters"]))
+/// `flashtier stats --json` of the server at `socket`, parsed.
+pub(crate) fn report(socket: &Path) -> Value {
+    serde_json::from_str(&ctl_ok(socket, &["stats", "--json"])).unwrap()
+}
+
+fn counter(socket: &Path, name: &str) -> u64 {
+    crate::control::counter(&report(socket), name)
 }
 
 /// `flashtier serve` of `img` on a socket in `dir`, its control socket at `control`, with `args`.

@@ -2,24 +2,13 @@
 //! on the memcached tier feeding its victim mode; fio verifies every byte over NBD, and the
 //! counters and the report say what each tier did.
 
-use std::path::Path;
 use std::process::{Command, Output};
 
 use flashtier_testkit::memcached::Memcached;
-use serde_json::Value;
 
+use crate::control::counter;
 use crate::harness::{self, path_str, run_any, text, BIN};
-use crate::memcached::{ctl_ok, fio_verify, format_cache, serve};
-
-fn report(socket: &Path) -> Value {
-    serde_json::from_str(&ctl_ok(socket, &["stats", "--json"])).unwrap()
-}
-
-fn counter(report: &Value, name: &str) -> u64 {
-    report["counters"][name]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no counter {name}: {}", report["counters"]))
-}
+use crate::memcached::{ctl_ok, fio_verify, format_cache, report, serve};
 
 /// Above a cache: fio writes and verifies, verifies again (from memory), rewrites and verifies;
 /// the report shows the tier's size and use, and its memory stays within the size asked for plus
