@@ -2,9 +2,10 @@
 //!
 //! It owns what the engine does not keep: the reset-stats baseline (the engine's counters only
 //! grow, so a reset is a remembered starting point, and a second reader is never surprised by
-//! counters going backwards under it), the window history, the latency baselines and the
-//! background mode-switch job. A server without a cache (pass-through) still reports its device,
-//! health and latencies; anything that needs a cache fails with [`ControlError::NoCache`].
+//! counters going backwards under it), the window history (the counters' and the working
+//! set's), the latency baselines and the background mode-switch job. A server without a cache
+//! (pass-through) still reports its device, health, latencies and working set; anything that
+//! needs a cache fails with [`ControlError::NoCache`].
 //!
 //! The cache can come and go while the server runs (`flashtier detach` / `attach`, see
 //! [`DetachOptions`]): the exported [`Switchable`] is swapped between the cache and the backing
@@ -41,13 +42,15 @@ use crate::protocol::MemcachedRequest;
 use crate::report::{
     read_hit_pct, write_hit_pct, CacheStatus, Derived, JobReport, LatencyReport, MemcachedLatency,
     MemcachedReport, MemcachedServerCounters, MemcachedServerReport, MemcachedTierCounters,
-    Ordered, RamCounters, RamReport, Report, StatusReport, Wear, LATENCY_BUCKETS_US,
+    Ordered, RamCounters, RamReport, Report, StatusReport, Wear, WorkingSetReport,
+    WorkingSetWindow, LATENCY_BUCKETS_US,
 };
 use crate::scrub_job::{ScrubError, Scrubber};
 use crate::switch::Switchable;
 use crate::timed::{Latencies, Op};
 use crate::trace::{TraceStartError, TraceStatus, Tracer};
 use crate::windows::{Counters, Sampler, TOTAL};
+use crate::working_set::{self, LiveSketch, WorkingSet};
 
 /// Writes settings (`(name, value)`, `name` = `mode` for the mode) to the config file the
 /// server was started with, all or none. `serve` passes `config::persist` bound to the file's
@@ -225,6 +228,8 @@ pub struct ControllerOptions {
     pub latencies: Arc<Latencies>,
     /// The recorder of the exported device's requests ([`crate::timed::Timed::tracer`]).
     pub tracer: Arc<Tracer>,
+    /// The exported device's working-set sketch ([`crate::timed::Timed::working_set`]).
+    pub working_set: Arc<LiveSketch>,
     /// The cache device's rated endurance in TB written, for the wear forecast.
     pub endurance_tbw: Option<f64>,
     /// How to persist a setting; `None` when the server has no config file.
@@ -453,6 +458,8 @@ pub struct Controller {
     persist: Option<PersistFn>,
     started: Instant,
     sampler: Mutex<Sampler>,
+    /// The working set's windows, frozen from the live sketch by [`Self::tick`].
+    working_set: Mutex<WorkingSet>,
     /// Cache device writes only, never reset: the wear rate must not restart with reset-stats.
     wear_sampler: Mutex<Sampler>,
     lat_baseline: Mutex<Vec<HistSnapshot>>,
@@ -486,6 +493,7 @@ impl Controller {
             persist: opts.persist,
             started: Instant::now(),
             sampler: Mutex::new(Sampler::new(0, &[])),
+            working_set: Mutex::new(WorkingSet::new(opts.working_set, 0)),
             wear_sampler: Mutex::new(Sampler::new(0, &[])),
             lat_baseline: Mutex::new(vec![HistSnapshot::default(); Op::ALL.len()]),
             job: Arc::default(),
@@ -556,6 +564,7 @@ impl Controller {
         let (now, raw) = (self.now_secs(), self.raw_counters());
         self.sampler.lock().record(now, &raw);
         self.wear_sampler.lock().record(now, &wear_counter(&raw));
+        self.working_set.lock().tick(now);
     }
 
     /// Starts every counter, window and latency histogram again from zero (the engine's own
@@ -563,6 +572,7 @@ impl Controller {
     pub fn reset_stats(&self) {
         let raw = self.raw_counters();
         self.sampler.lock().restart(self.now_secs(), &raw);
+        self.working_set.lock().restart(self.now_secs());
         *self.lat_baseline.lock() = Op::ALL.iter().map(|&op| self.lat.histogram(op)).collect();
         if let Some(tier) = &self.memcached {
             *self.pool_baseline.lock() = tier
@@ -608,6 +618,7 @@ impl Controller {
                 .into_iter()
                 .map(|w| (w.name, w.deltas.into_iter().collect()))
                 .collect(),
+            working_set: Some(self.working_set_report(now)),
             latency: self.latency_report(),
             wear,
             ram,
@@ -616,6 +627,25 @@ impl Controller {
             generated_unix_ms: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
+        }
+    }
+
+    fn working_set_report(&self, now: u64) -> WorkingSetReport {
+        let windows = self.working_set.lock().windows(now);
+        WorkingSetReport {
+            block_size: working_set::BLOCK_SIZE,
+            standard_error_pct: working_set::STANDARD_ERROR * 100.0,
+            windows: windows
+                .into_iter()
+                .map(|w| {
+                    let window = WorkingSetWindow {
+                        secs: w.secs,
+                        blocks: w.blocks,
+                        bytes: w.blocks * working_set::BLOCK_SIZE,
+                    };
+                    (w.name, window)
+                })
+                .collect(),
         }
     }
 
@@ -1706,6 +1736,7 @@ pub(crate) mod tests {
             cache,
             latencies: timed.latencies(),
             tracer: timed.tracer(),
+            working_set: timed.working_set(),
             endurance_tbw: Some(600.0),
             persist,
             detach: None,
@@ -1742,6 +1773,7 @@ pub(crate) mod tests {
             cache: Some(cache),
             latencies: timed.latencies(),
             tracer: timed.tracer(),
+            working_set: timed.working_set(),
             endurance_tbw: None,
             persist: None,
             detach: Some(DetachOptions {
@@ -2818,6 +2850,115 @@ pub(crate) mod tests {
         assert_eq!(m.servers[0].counters, MemcachedServerCounters::default());
         assert_eq!(m.tier.lookup_blocks, 4);
         assert!(t.pool().totals().gets >= m.pool.gets);
+    }
+
+    /// What `flashtier status` says on its `working set` row.
+    fn working_set_row(r: &Report) -> String {
+        let status = r.render_status();
+        let row = status.lines().find_map(|l| l.strip_prefix("working set "));
+        row.unwrap_or_else(|| panic!("no working set row:\n{status}"))
+            .trim()
+            .to_string()
+    }
+
+    /// Reads and writes through the served device, with or without a cache, make the working
+    /// set in the report (every window, as nothing is older than a minute), the status, the
+    /// stats table and text and Prometheus; a cache's capacity is compared with it; trims do
+    /// not count, repeats do not count again, and reset-stats starts it from nothing.
+    #[test]
+    fn the_working_set_shows_everywhere_and_resets_with_the_rest() {
+        use crate::render::fmt_bytes;
+        let (ram_c, ram_dev, _) = ram_only(1 << 20, RamPolicy::Lru);
+        for (c, dev) in [passthrough(), cached(None), (ram_c, ram_dev)] {
+            let r = c.report();
+            let ws = r.working_set.as_ref().unwrap();
+            assert_eq!(ws.block_size, 4096);
+            assert!((ws.standard_error_pct - 1.625).abs() < 1e-9);
+            let names: Vec<&str> = ws.windows.iter().map(|(n, _)| n).collect();
+            assert_eq!(names, ["5min", "hour", "day", "total"]);
+            assert!(ws
+                .windows
+                .iter()
+                .all(|(_, w)| w.blocks == 0 && w.bytes == 0));
+
+            // 2 MiB written, 4 MiB read over it (2 MiB new), read again, 1 MiB trimmed: 1,024
+            // distinct blocks.
+            dev.write_at(&vec![1u8; 2 << 20], 0, false).unwrap();
+            let mut buf = vec![0u8; 4 << 20];
+            dev.read_at(&mut buf, 0).unwrap();
+            dev.read_at(&mut buf[..1 << 20], 1 << 20).unwrap();
+            dev.trim(6 << 20, 1 << 20).unwrap();
+            let r = c.report();
+            let ws = r.working_set.as_ref().unwrap();
+            for (name, w) in ws.windows.iter() {
+                assert!(w.blocks.abs_diff(1024) <= 51, "{name}: {w:?}");
+                assert_eq!(w.bytes, w.blocks * 4096, "{name}");
+                assert_eq!(Some(&w.secs), r.window_secs.get(name), "{name}");
+            }
+            let hour = ws.windows.get("hour").unwrap();
+            let row = working_set_row(&r);
+            assert!(
+                row.starts_with(&format!(
+                    "5min {}, hour {}, day ",
+                    fmt_bytes(hour.bytes),
+                    fmt_bytes(hour.bytes)
+                )) && row.contains("(estimated, standard error 1.6%)"),
+                "{row}"
+            );
+            let capacities: Vec<(&str, u64)> = r
+                .status
+                .cache_status
+                .iter()
+                .map(|s| ("cache", s.capacity_blocks * s.block_size as u64))
+                .chain(r.ram.iter().map(|r| ("ram", r.capacity_bytes)))
+                .collect();
+            for (name, capacity) in &capacities {
+                let share = format!("; {name} {} = ", fmt_bytes(*capacity));
+                assert!(row.contains(&share), "{row}");
+            }
+            assert_eq!(
+                row.matches(" the hour's").count(),
+                capacities.len(),
+                "{row}"
+            );
+            assert!(r.render_table().contains("working set (est.)"));
+            let text = r.to_stats_text();
+            assert!(
+                text.contains(&format!("\nworking_set_hour_bytes {}\n", hour.bytes)),
+                "{text}"
+            );
+            assert!(text.contains(&format!(
+                "\nworking_set_total_blocks {}\n",
+                ws.windows.get("total").unwrap().blocks
+            )));
+            let prom = r.to_prometheus();
+            crate::prometheus::tests::check_exposition(&prom);
+            assert!(prom.contains("# TYPE flashtier_working_set_bytes gauge\n"));
+            assert!(
+                prom.contains(&format!(
+                    "\nflashtier_working_set_bytes{{window=\"hour\"}} {}\n",
+                    hour.bytes
+                )),
+                "{prom}"
+            );
+
+            c.tick();
+            c.reset_stats();
+            let r = c.report();
+            let ws = r.working_set.as_ref().unwrap();
+            assert!(ws.windows.iter().all(|(_, w)| w.blocks == 0), "{ws:?}");
+            assert!(working_set_row(&r).starts_with("5min 0 B, hour 0 B, day 0 B"));
+            dev.read_at(&mut buf[..16 << 12], 0).unwrap();
+            let total = c
+                .report()
+                .working_set
+                .unwrap()
+                .windows
+                .get("total")
+                .unwrap()
+                .blocks;
+            assert!(total.abs_diff(16) <= 1, "{total}");
+        }
     }
 
     /// What `flashtier status` says on its `ram` row.

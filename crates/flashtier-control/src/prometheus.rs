@@ -8,6 +8,9 @@
 //! parameters also as `flashtier_param_value{name}`). Gauges not always known (hit ratios before
 //! any I/O, the wear rate in the first minute) are declared without a sample until they are.
 //!
+//! The working set is the gauge `flashtier_working_set_bytes{window}` (`5min`, `hour`, `day`,
+//! `total`): distinct 4 KiB blocks read or written in the window, estimated, in bytes.
+//!
 //! With a RAM tier, its counters are counters like the others (`flashtier_ram_*`), and its
 //! sizes the gauges `flashtier_ram_capacity_bytes`, `flashtier_ram_used_bytes` and
 //! `flashtier_ram_memory_bytes`, beside `flashtier_ram_hit_ratio`.
@@ -327,6 +330,21 @@ impl Report {
             ),
         ] {
             o.gauge_if_known(&format!("flashtier_{name}"), text, v.map(|v| v / 100.0));
+        }
+        if let Some(ws) = &self.working_set {
+            let name = "flashtier_working_set_bytes";
+            o.family(
+                name,
+                "gauge",
+                &format!(
+                    "Distinct 4 KiB blocks the clients read or wrote in the window, in bytes, \
+                     estimated (standard error {:.1}%); total: since start or reset",
+                    ws.standard_error_pct
+                ),
+            );
+            for (window, w) in ws.windows.iter() {
+                o.sample(name, &[("window", window)], w.bytes.to_string());
+            }
         }
         if let Some(j) = &self.job {
             // flashtier_mode_switch_* or flashtier_flush_*.

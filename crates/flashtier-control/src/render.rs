@@ -6,8 +6,9 @@ use std::fmt::Write as _;
 
 use crate::report::{
     read_hit_pct, write_hit_pct, LatencyReport, MemcachedReport, MemcachedServerReport,
-    MemcachedTierCounters, Ordered, RamCounters, RamReport, Report,
+    MemcachedTierCounters, Ordered, RamCounters, RamReport, Report, WorkingSetReport,
 };
+use crate::windows::TOTAL;
 
 /// `1.50 GiB`, `512 B`.
 pub fn fmt_bytes(n: u64) -> String {
@@ -337,6 +338,47 @@ impl MemcachedReport {
     }
 }
 
+/// How a cache of `capacity` bytes compares with the hour's working set of `hour` bytes:
+/// `29% of the hour's`, `3.2x the hour's`.
+fn share_of_hour(capacity: u64, hour: u64) -> String {
+    let r = capacity as f64 / hour as f64;
+    if r < 0.1 {
+        format!("{:.1}% of the hour's", r * 100.0)
+    } else if r < 1.0 {
+        format!("{:.0}% of the hour's", r * 100.0)
+    } else {
+        format!("{r:.1}x the hour's")
+    }
+}
+
+/// `5min 1.20 GiB, hour 3.40 GiB, day 3.40 GiB (estimated, standard error 1.6%)`, then how each
+/// cache tier's capacity (`(name, bytes)`) compares with the hour's: `; cache 1.00 GiB = 29% of
+/// the hour's`.
+pub fn render_working_set(ws: &WorkingSetReport, caches: &[(&str, u64)]) -> String {
+    let windows: Vec<String> = ws
+        .windows
+        .iter()
+        .filter(|(name, _)| *name != TOTAL)
+        .map(|(name, w)| format!("{name} {}", fmt_bytes(w.bytes)))
+        .collect();
+    let mut out = format!(
+        "{} (estimated, standard error {:.1}%)",
+        windows.join(", "),
+        ws.standard_error_pct
+    );
+    if let Some(hour) = ws.bytes("hour").filter(|&b| b > 0) {
+        for &(name, capacity) in caches {
+            let _ = write!(
+                out,
+                "; {name} {} = {}",
+                fmt_bytes(capacity),
+                share_of_hour(capacity, hour)
+            );
+        }
+    }
+    out
+}
+
 /// One line about the running or last scrub (`flashtier status`, `flashtier scrub --status`).
 pub fn render_scrub(s: &crate::report::ScrubStatus) -> String {
     let found = format!(
@@ -395,19 +437,28 @@ impl Report {
         }
         if let Some(c) = &s.cache_status {
             let bs = c.block_size as u64;
+            let mut cache = format!(
+                "{} of {} used ({:.1}%, {} of {} blocks of {})",
+                fmt_bytes(c.cached_blocks * bs),
+                fmt_bytes(c.capacity_blocks * bs),
+                c.used_pct,
+                c.cached_blocks,
+                c.capacity_blocks,
+                fmt_bytes(bs)
+            );
+            // Engines that count them say how many misses a cache twice the size would have
+            // hit; read from the counters by name, so older engines show nothing of it.
+            if let Some(ghost) = self.counters.get("ghost_hit_blocks") {
+                let misses = self.counters.get("read_miss_blocks").copied().unwrap_or(0);
+                let _ = write!(
+                    cache,
+                    "; read misses {} blocks, ghost hits {} (would hit with 2x cache)",
+                    fmt_count(misses),
+                    fmt_count(*ghost)
+                );
+            }
             rows.extend([
-                vec![
-                    "cache".into(),
-                    format!(
-                        "{} of {} used ({:.1}%, {} of {} blocks of {})",
-                        fmt_bytes(c.cached_blocks * bs),
-                        fmt_bytes(c.capacity_blocks * bs),
-                        c.used_pct,
-                        c.cached_blocks,
-                        c.capacity_blocks,
-                        fmt_bytes(bs)
-                    ),
-                ],
+                vec!["cache".into(), cache],
                 vec![
                     "dirty".into(),
                     format!("{} ({} blocks)", fmt_bytes(c.dirty_bytes), c.dirty_blocks),
@@ -454,7 +505,25 @@ impl Report {
                     .map(|s| vec![String::new(), render_memcached_server(s)]),
             );
         }
+        if let Some(ws) = &self.working_set {
+            rows.push(vec![
+                "working set".into(),
+                render_working_set(ws, &self.cache_capacities()),
+            ]);
+        }
         table(&rows, false)
+    }
+
+    /// The capacity of each cache tier the server has, as `render_working_set` compares them.
+    fn cache_capacities(&self) -> Vec<(&'static str, u64)> {
+        let mut out = Vec::new();
+        if let Some(c) = &self.status.cache_status {
+            out.push(("cache", c.capacity_blocks * c.block_size as u64));
+        }
+        if let Some(r) = &self.ram {
+            out.push(("ram", r.capacity_bytes));
+        }
+        out
     }
 
     /// One line about the job (mode switch or flush), running or last.
@@ -483,7 +552,8 @@ impl Report {
         }
     }
 
-    /// `flashtier stats`: counters with total and window columns, hit rates, latencies, wear.
+    /// `flashtier stats`: counters with total and window columns, hit rates, the working set,
+    /// latencies, wear.
     pub fn render_table(&self) -> String {
         let mut out = String::new();
         let total_secs = self.window_secs.get("total").copied().unwrap_or(0);
@@ -543,6 +613,15 @@ impl Report {
                 columns
                     .iter()
                     .map(|(_, w)| fmt_pct(MemcachedTierCounters::from_counters(w).hit_pct())),
+            );
+            rows.push(row);
+        }
+        if let Some(ws) = &self.working_set {
+            let mut row = vec!["working set (est.)".to_string()];
+            row.extend(
+                columns
+                    .iter()
+                    .map(|(name, _)| ws.bytes(name).map_or_else(|| "-".to_string(), fmt_bytes)),
             );
             rows.push(row);
         }
@@ -622,7 +701,8 @@ impl Report {
     }
 
     /// The stats file: `name value` per line, every counter first (the same numbers as
-    /// `counters` in the JSON), then the status, derived figures, latencies and wear.
+    /// `counters` in the JSON), then the status, derived figures, the working set
+    /// (`working_set_<window>_blocks` and `_bytes`), latencies and wear.
     pub fn to_stats_text(&self) -> String {
         let mut out = String::new();
         let mut line = |k: &str, v: &dyn std::fmt::Display| {
@@ -656,6 +736,12 @@ impl Report {
         let opt = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |v| format!("{v:.2}"));
         line("read_hit_pct", &opt(self.derived.read_hit_pct));
         line("write_hit_pct", &opt(self.derived.write_hit_pct));
+        if let Some(ws) = &self.working_set {
+            for (name, w) in ws.windows.iter() {
+                line(&format!("working_set_{name}_blocks"), &w.blocks);
+                line(&format!("working_set_{name}_bytes"), &w.bytes);
+            }
+        }
         for (op, l) in self.latency.iter() {
             line(&format!("latency_{op}_count"), &l.count);
             line(&format!("latency_{op}_p50_us"), &format!("{:.1}", l.p50_us));
@@ -773,5 +859,58 @@ mod tests {
         let r = passthrough().0.report();
         assert!(r.render_status().contains("no cache"));
         assert!(!r.render_table().contains("hit %"));
+    }
+
+    /// The cache row names ghost hits only when the engine counts them (`ghost_hit_blocks`),
+    /// next to the read misses.
+    #[test]
+    fn ghost_hits_show_beside_the_misses_when_counted() {
+        let (c, dev) = cached(None);
+        dev.read_at(&mut [0u8; 8192], 0).unwrap();
+        let mut r = c.report();
+        let cache_row = |r: &Report| {
+            let status = r.render_status();
+            let row = status.lines().find_map(|l| l.strip_prefix("cache "));
+            row.unwrap_or_else(|| panic!("no cache row:\n{status}"))
+                .to_string()
+        };
+        r.counters.0.retain(|(k, _)| k != "ghost_hit_blocks");
+        assert!(!cache_row(&r).contains("ghost"), "{}", cache_row(&r));
+        let misses = r.counters.get("read_miss_blocks").copied().unwrap();
+        assert!(misses >= 2);
+        r.counters.0.push(("ghost_hit_blocks".into(), 1234));
+        let row = cache_row(&r);
+        assert!(
+            row.ends_with(&format!(
+                "; read misses {} blocks, ghost hits 1,234 (would hit with 2x cache)",
+                fmt_count(misses)
+            )),
+            "{row}"
+        );
+    }
+
+    #[test]
+    fn a_cache_is_compared_with_the_hours_working_set() {
+        assert_eq!(share_of_hour(1 << 30, 4 << 30), "25% of the hour's");
+        assert_eq!(share_of_hour(1 << 20, 1 << 30), "0.1% of the hour's");
+        assert_eq!(share_of_hour(5 << 30, 2 << 30), "2.5x the hour's");
+        let (c, dev) = cached(None);
+        let r = c.report();
+        let ws = r.working_set.as_ref().unwrap();
+        // Nothing touched yet: no comparison with nothing.
+        assert!(!render_working_set(ws, &[("cache", 1 << 30)]).contains("hour's"));
+        dev.write_at(&vec![1u8; 1 << 20], 0, false).unwrap();
+        let r = c.report();
+        let ws = r.working_set.as_ref().unwrap();
+        let hour = ws.bytes("hour").unwrap();
+        let line = render_working_set(ws, &[("cache", hour / 4), ("ram", hour * 3)]);
+        assert!(
+            line.ends_with(&format!(
+                "; cache {} = 25% of the hour's; ram {} = 3.0x the hour's",
+                fmt_bytes(hour / 4),
+                fmt_bytes(hour * 3)
+            )),
+            "{line}"
+        );
     }
 }

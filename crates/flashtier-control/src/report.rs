@@ -3,7 +3,7 @@
 //! `flashtier stats --json`, the stats file's `.json`, the stats text file, the tables and the
 //! Prometheus output are all renderings of this one object, so they cannot disagree. Top-level
 //! keys (a contract with scripts and tests): `status`, `job`, `scrub`, `counters`, `derived`,
-//! `windows`, `window_secs`, `latency`, `wear`, `ram`, `memcached`, `params`,
+//! `windows`, `window_secs`, `working_set`, `latency`, `wear`, `ram`, `memcached`, `params`,
 //! `generated_unix_ms`.
 //!
 //! Maps keep their order (engine counters in the engine's order, windows shortest first), so
@@ -98,6 +98,10 @@ pub struct Report {
     pub windows: Ordered<Ordered<u64>>,
     /// How many seconds each window really covers (less than its length early on).
     pub window_secs: Ordered<u64>,
+    /// Distinct blocks the clients read or wrote per window, estimated; null only from a
+    /// server too old to measure it.
+    #[serde(default)]
+    pub working_set: Option<WorkingSetReport>,
     /// Operation (`read`, `write`, `flush`, `trim`, `write_zeroes`) -> latency since the start or
     /// the last reset, as the NBD clients see it.
     pub latency: Ordered<LatencyReport>,
@@ -333,6 +337,40 @@ pub const LATENCY_BUCKETS_US: [u64; 18] = [
     25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000, 500_000,
     1_000_000, 2_500_000, 5_000_000, 10_000_000,
 ];
+
+/// The working set (`crate::working_set`): distinct 4 KiB blocks the clients read or wrote in
+/// each window, estimated by a HyperLogLog sketch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkingSetReport {
+    /// The unit counted, in bytes: a request touches every block it reads or writes a byte
+    /// of, whatever the cache's block size.
+    pub block_size: u64,
+    /// The estimates' relative standard error, percent (about 95% of them are within twice
+    /// that).
+    pub standard_error_pct: f64,
+    /// `5min`, `hour`, `day`, `total` -> the estimate over that window, as the counters'
+    /// windows are named (and restarted by reset-stats).
+    pub windows: Ordered<WorkingSetWindow>,
+}
+
+impl WorkingSetReport {
+    /// The estimate of the window called `name`, in bytes.
+    pub fn bytes(&self, name: &str) -> Option<u64> {
+        self.windows.get(name).map(|w| w.bytes)
+    }
+}
+
+/// The working set over one window.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkingSetWindow {
+    /// Seconds the window really covers: less than its length early on, and the 5 minute and
+    /// hour windows are made of whole minutes, the day of whole hours, that began inside it.
+    pub secs: u64,
+    /// Distinct blocks read or written in it, estimated.
+    pub blocks: u64,
+    /// `blocks` × `block_size`.
+    pub bytes: u64,
+}
 
 /// Flash wear: what this server wrote to the cache device.
 ///

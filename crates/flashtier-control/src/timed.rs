@@ -4,7 +4,8 @@
 //! latencies are end to end below the protocol: cache hits, misses, FLUSH group commits, all of
 //! it, and the pass-through export gets the same figures for comparison. Alongside each
 //! operation's histogram it counts the bytes moved and the errors returned, the client-side
-//! counters that exist whether or not there is a cache.
+//! counters that exist whether or not there is a cache, and it records the blocks that reads
+//! and writes touch in the working-set sketch ([`crate::working_set`]).
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,6 +16,7 @@ use flashtier_io::{BlockDev, DevInfo, Extent, ZeroOpts};
 
 use crate::histogram::{HistSnapshot, Histogram};
 use crate::trace::{TraceOp, Tracer};
+use crate::working_set::LiveSketch;
 
 /// The operations timed, in report order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,11 +104,13 @@ impl Latencies {
     }
 }
 
-/// Wraps a device and records every request's latency into [`Latencies`], and the request
+/// Wraps a device and records every request's latency into [`Latencies`], the blocks of every
+/// successful read and write into the working-set sketch ([`LiveSketch`]), and the request
 /// itself into a trace while one runs ([`Tracer`]).
 pub struct Timed {
     inner: Arc<dyn BlockDev>,
     lat: Arc<Latencies>,
+    working_set: Arc<LiveSketch>,
     tracer: Arc<Tracer>,
 }
 
@@ -117,8 +121,15 @@ impl Timed {
         Timed {
             inner,
             lat: Arc::default(),
+            working_set: Arc::default(),
             tracer: Arc::default(),
         }
+    }
+
+    /// The working-set sketch of the current minute, shared: the controller's ticker freezes
+    /// it once a minute ([`crate::working_set::WorkingSet`]).
+    pub fn working_set(&self) -> Arc<LiveSketch> {
+        self.working_set.clone()
     }
 
     /// The trace recorder of these requests, shared: the controller starts and stops it.
@@ -137,6 +148,22 @@ impl Timed {
         self.lat.record(op, start, bytes, r.is_ok());
         r
     }
+
+    /// [`Self::timed`] for a read or a write of `len` bytes at `offset`: what it touched joins
+    /// the working set once it succeeded (a refused request touched nothing a cache could keep).
+    fn accessed(
+        &self,
+        op: Op,
+        offset: u64,
+        len: u64,
+        f: impl FnOnce() -> io::Result<()>,
+    ) -> io::Result<()> {
+        let r = self.timed(op, len, f);
+        if r.is_ok() {
+            self.working_set.record(offset, len);
+        }
+        r
+    }
 }
 
 impl BlockDev for Timed {
@@ -151,13 +178,13 @@ impl BlockDev for Timed {
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         let n = buf.len() as u64;
         self.tracer.record(TraceOp::Read, offset, n, false);
-        self.timed(Op::Read, n, || self.inner.read_at(buf, offset))
+        self.accessed(Op::Read, offset, n, || self.inner.read_at(buf, offset))
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
         self.tracer
             .record(TraceOp::Write, offset, buf.len() as u64, fua);
-        self.timed(Op::Write, buf.len() as u64, || {
+        self.accessed(Op::Write, offset, buf.len() as u64, || {
             self.inner.write_at(buf, offset, fua)
         })
     }
@@ -165,7 +192,9 @@ impl BlockDev for Timed {
     fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {
         let n = bufs.iter().map(|b| b.len() as u64).sum();
         self.tracer.record(TraceOp::Write, offset, n, false);
-        self.timed(Op::Write, n, || self.inner.write_vectored_at(bufs, offset))
+        self.accessed(Op::Write, offset, n, || {
+            self.inner.write_vectored_at(bufs, offset)
+        })
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -232,5 +261,28 @@ mod tests {
         for op in Op::ALL {
             assert!(lat.histogram(op).count >= 1, "{}", op.name());
         }
+    }
+
+    /// Reads and writes that succeed count their blocks in the working set; trims, zeroing,
+    /// flushes and failed requests do not.
+    #[test]
+    fn reads_and_writes_make_the_working_set() {
+        let t = Timed::new(Arc::new(MemDev::new(1 << 20)));
+        let mut buf = vec![0u8; 8192];
+        t.read_at(&mut buf, 0).unwrap(); // blocks 0, 1
+        t.write_at(&buf[..100], 4096 + 4000, false).unwrap(); // blocks 1, 2
+        t.write_vectored_at(&[&buf[..4096], &buf[..4096]], 16 << 12)
+            .unwrap(); // blocks 16, 17
+        t.flush().unwrap();
+        t.trim(64 << 12, 8 << 12).unwrap();
+        t.write_zeroes(128 << 12, 4096, ZeroOpts::default())
+            .unwrap();
+        assert!(t.read_at(&mut buf, 1 << 20).is_err(), "out of range");
+        let mut expected = crate::working_set::Sketch::default();
+        for block in [0, 1, 2, 16, 17] {
+            expected.insert(block);
+        }
+        assert_eq!(t.working_set().snapshot(), expected);
+        assert_eq!(t.working_set().snapshot().blocks(), 5);
     }
 }

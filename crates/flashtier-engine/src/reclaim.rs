@@ -338,17 +338,18 @@ fn evict_clean(
         .filter(|(_, i)| !i.dirty)
         .map(|(slot, i)| DirtyBlock { lba: i.lba, slot })
         .collect();
-    let mut evicted = 0u64;
+    let mut evicted = Vec::with_capacity(remaining.len());
     for b in &remaining {
         if st.index.remove_if(b.lba, b.slot) {
             st.segs.on_unmap(b.slot, false);
-            evicted += 1;
+            evicted.push(b.lba);
             if let Some(h) = handoff.as_deref_mut() {
                 h.evicted(b.lba, b.slot);
             }
         }
     }
-    Stats::add(&e.stats.evicted_blocks, evicted);
+    e.history.ghost.evicted(&evicted);
+    Stats::add(&e.stats.evicted_blocks, evicted.len() as u64);
     if st.segs.live(victim) == 0 {
         st.segs.quarantine(victim);
         Stats::add(&e.stats.reclaimed_segments, 1);

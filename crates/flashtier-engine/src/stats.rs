@@ -53,6 +53,13 @@ counters! {
     promoted_blocks,
     /// Promotions dropped because a write raced with them.
     promotions_dropped,
+    /// Read-miss blocks not promoted because the log writer was behind: more promotions were
+    /// queued than it may hold (see `MAX_QUEUED_PROMOTION`).
+    promotions_shed_blocks,
+    /// Read-miss blocks that reclaim had evicted within the last cache-size worth of evictions:
+    /// about the extra hits a cache twice the size would have had (estimated from a sample of
+    /// blocks on caches over 65,536 blocks; see `policy/ghost.rs`).
+    ghost_hit_blocks,
     /// Read-miss blocks not promoted because they continued a sequential stream past the cutoff.
     bypassed_read_blocks,
     /// Read-miss blocks not promoted because they had fewer than promotion_nhit recent misses.

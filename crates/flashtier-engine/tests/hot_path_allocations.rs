@@ -18,57 +18,18 @@
 //! 0.02 per write in 1000 writes here. Its bound fails on anything done per I/O or per batch
 //! (a batch is a write here: one writer, one write at a time).
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use flashtier_engine::{format, BackingIdentity, Cache, FormatOptions, Mode};
 use flashtier_io::BlockDev;
+use flashtier_testkit::alloc_count::{self, Counting};
 use flashtier_testkit::MemDev;
-
-/// Counts every allocation (alloc, alloc_zeroed, realloc) of the process and of each thread.
-struct Counting;
-
-static ALL: AtomicU64 = AtomicU64::new(0);
-
-thread_local! {
-    static MINE: Cell<u64> = const { Cell::new(0) };
-}
-
-fn count() {
-    ALL.fetch_add(1, Ordering::Relaxed);
-    // `try_with`: a thread being torn down may still allocate.
-    let _ = MINE.try_with(|c| c.set(c.get() + 1));
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: forwarded unchanged to the system allocator.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
 fn counts() -> (u64, u64) {
-    (MINE.with(Cell::get), ALL.load(Ordering::Relaxed))
+    (alloc_count::this_thread(), alloc_count::everywhere())
 }
 
 const BS: u64 = 4096;

@@ -16,6 +16,9 @@
 //! - `reclaim_compact_pct`: a working set under half the cache, overwritten at random until the
 //!   log has wrapped several times, is never evicted while compaction is on (every block still
 //!   hits, with its newest data); with it off, the same run evicts part of it.
+//! - Ghost hits (a measure, not a parameter): reading a set 1.5x the cache over and over, nearly
+//!   every miss is on a block evicted within a cache's worth of evictions and counts; at 4x the
+//!   cache, few do.
 
 mod common;
 
@@ -551,4 +554,90 @@ fn without_compaction_the_policy_evicts_part_of_it() {
     assert!(s.evicted_blocks > 0, "{s:?}");
     assert!(s.read_miss_blocks > 0, "{s:?}");
     assert_eq!(s.compacted_segments, 0, "{s:?}");
+}
+
+/// Waits until every read miss so far was promoted (or counted as not promoted): reads from RAM
+/// would otherwise outrun the log writer, and a block whose promotion is still queued misses
+/// again without having been evicted.
+fn promotions_settled(c: &Cache) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = c.stats();
+        if s.promoted_blocks + s.promotions_dropped + s.promotions_shed_blocks >= s.read_miss_blocks
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "promotions did not land: {s:?}");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Reads `set` bytes of the backing store `passes` times, each pass in a new random order of its
+/// 4 KiB blocks, through a 16 MiB write-through cache; returns the counters of the last two
+/// passes.
+fn cycle_through(set: u64, passes: u64) -> StatsSnapshot {
+    let cdev = Arc::new(MemDev::new(16 << 20));
+    let bdev = Arc::new(MemDev::new(64 << 20));
+    bdev.write_at(&pattern(1, 64 << 20), 0, false).unwrap();
+    format_cache(
+        &*cdev,
+        64 << 20,
+        1 << 20,
+        Mode::WriteThrough,
+        flashtier_engine::ReclaimPolicy::Lru,
+    )
+    .unwrap();
+    let c = open(cdev, bdev, None).unwrap();
+    let want = pattern(1, set as usize);
+    let mut rng = Rng::new(11);
+    let mut blocks: Vec<u64> = (0..set / 4096).collect();
+    let mut before = c.stats();
+    for pass in 0..passes {
+        if pass == passes - 2 {
+            before = c.stats();
+        }
+        for i in (1..blocks.len()).rev() {
+            blocks.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        for chunk in blocks.chunks(256) {
+            for &b in chunk {
+                let at = (b * 4096) as usize;
+                check_read(&c, at as u64, &want[at..at + 4096]);
+            }
+            promotions_settled(&c);
+        }
+    }
+    let mut s = c.stats();
+    s.read_miss_blocks -= before.read_miss_blocks;
+    s.ghost_hit_blocks -= before.ghost_hit_blocks;
+    s.evicted_blocks -= before.evicted_blocks;
+    c.close().unwrap();
+    s
+}
+
+#[test]
+fn misses_on_blocks_evicted_lately_are_ghost_hits() {
+    // 1.5x the cache: what misses was evicted less than a cache's worth of evictions ago.
+    let s = cycle_through(24 * MIB, 5);
+    assert!(s.evicted_blocks > 0 && s.read_miss_blocks > 1000, "{s:?}");
+    assert!(
+        s.ghost_hit_blocks * 10 >= s.read_miss_blocks * 6,
+        "ghost hits {} of {} misses: {s:?}",
+        s.ghost_hit_blocks,
+        s.read_miss_blocks
+    );
+    assert!(s.ghost_hit_blocks <= s.read_miss_blocks, "{s:?}");
+}
+
+#[test]
+fn misses_a_cache_twice_the_size_would_not_have_hit_are_not_ghost_hits() {
+    // 4x the cache: most blocks come back after more than a cache's worth of evictions.
+    let s = cycle_through(64 * MIB, 4);
+    assert!(s.evicted_blocks > 0 && s.read_miss_blocks > 10_000, "{s:?}");
+    assert!(
+        s.ghost_hit_blocks * 10 <= s.read_miss_blocks * 2,
+        "ghost hits {} of {} misses",
+        s.ghost_hit_blocks,
+        s.read_miss_blocks
+    );
 }

@@ -28,12 +28,16 @@
 //! The slow device ([`flashtier_io::SlowDev`]) is not here: `flashtier demo` uses it to show what a
 //! cache in front of slow storage does, so it ships in the I/O crate.
 //!
+//! - [`alloc_count`] is a **counting global allocator** for the tests that prove a path
+//!   allocates nothing (the crate's one `unsafe`, allowed in that module only).
+//!
 //! This crate is `publish = false` and only ever a dev-dependency (and a dependency of the fuzz
 //! harness): nothing in the shipped binary links it.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod alloc_count;
 pub mod crash;
 pub mod fault;
 mod mem;

@@ -392,6 +392,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         cache: cache.clone(),
         latencies: timed.latencies(),
         tracer: timed.tracer(),
+        working_set: timed.working_set(),
         endurance_tbw: args.endurance_tbw,
         memcached: memcached.clone(),
         ram: ram.clone(),

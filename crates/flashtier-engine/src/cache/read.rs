@@ -260,6 +260,8 @@ impl Cache {
         Stats::add(&e.stats.backing_reads, 1);
         Stats::add(&e.stats.backing_read_bytes, buf.len() as u64);
         Stats::add(&e.stats.read_miss_blocks, n);
+        let ghost_hits = (lba..lba + n).map(|b| e.history.ghost.read_missed(b)).sum();
+        Stats::add(&e.stats.ghost_hit_blocks, ghost_hits);
         self.promote_missed(lba, buf, promote, since);
         Ok(Pass::Done)
     }
@@ -328,6 +330,7 @@ impl Cache {
                 e.log
                     .queued_promotion_bytes
                     .fetch_sub(bytes, Ordering::Relaxed);
+                Stats::add(&e.stats.promotions_shed_blocks, n - done);
                 break;
             }
             let mut buf = e.log.buffer(bytes as usize);

@@ -1,10 +1,12 @@
 //! Cache policies: pure decisions, no I/O. The engine asks, the policy answers.
 
 pub mod admission;
+mod ghost;
 mod mode;
 mod promotion;
 pub mod sequential;
 
+pub(crate) use ghost::Ghost;
 pub use mode::{Mode, ReclaimPolicy};
 pub use promotion::PromotionPolicy;
 
@@ -14,7 +16,8 @@ use admission::MissTable;
 use sequential::StreamDetector;
 
 /// What the request plan remembers between requests: the recent read and write streams, for
-/// the sequential cutoffs, and the recent read misses per block, for n-hit promotion.
+/// the sequential cutoffs, the recent read misses per block, for n-hit promotion, and the
+/// recently evicted blocks, for the ghost hits that tell whether a bigger cache would help.
 pub(crate) struct RequestHistory {
     pub(crate) read_streams: StreamDetector,
     pub(crate) write_streams: StreamDetector,
@@ -22,6 +25,7 @@ pub(crate) struct RequestHistory {
     misses: OnceLock<MissTable>,
     /// Entries of the miss table, sized for the cache.
     miss_entries: usize,
+    pub(crate) ghost: Ghost,
 }
 
 impl RequestHistory {
@@ -32,6 +36,7 @@ impl RequestHistory {
             write_streams: StreamDetector::default(),
             misses: OnceLock::new(),
             miss_entries: admission::entries_for_cache(slots),
+            ghost: Ghost::new(slots),
         }
     }
 

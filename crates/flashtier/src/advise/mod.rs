@@ -15,7 +15,14 @@
 //!
 //! Reads are what a cache is judged by; writes count as accesses (write-back and write-through
 //! keep what is written) and trims drop blocks.
+//!
+//! With `--engine`, flashtier's own curve is added: a sample of the trace's requests replayed
+//! through a real cache at each size (`engine_sim`), scaled as the sample is. It takes seconds
+//! per size, so it is asked for, and it samples on its own: whole aligned groups of 16 blocks
+//! (so a database page's write stays one request, one log record), at the rate that keeps about
+//! `--engine-accesses` block accesses.
 
+mod engine_sim;
 mod plot;
 mod policies;
 mod stack;
@@ -71,6 +78,50 @@ pub struct AdviseArgs {
     /// Also draw the curves into this PNG file.
     #[arg(long, value_name = "FILE.png")]
     pub plot: Option<PathBuf>,
+    /// Add flashtier's own curve: replay the sample through a real cache of each size (scaled
+    /// like the sample, on sparse files in --scratch-dir), seconds per size.
+    #[arg(long)]
+    pub engine: bool,
+    /// Client threads replaying into the cache with --engine (requests in flight: they decide
+    /// how many records share a log batch and its header).
+    #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub engine_clients: u32,
+    /// How fast --engine replays the trace: 1 = at the pace it was recorded (the default: how
+    /// far reclaim keeps up with the clients decides what the cache keeps, so a faster replay
+    /// misses more), 2 = twice as fast, `max` = as fast as the cache takes it.
+    #[arg(long, value_name = "X|max", default_value = "1", value_parser = parse_speed)]
+    pub engine_speed: Speed,
+    /// About how many block accesses --engine replays per size (it samples 64 KiB groups of
+    /// blocks at the rate that keeps this many).
+    #[arg(long, value_name = "N", default_value_t = 1_000_000)]
+    pub engine_accesses: u64,
+    /// A live parameter for the cache --engine replays into, as `set` takes it (repeatable: e.g.
+    /// `--engine-set reclaim_compact_pct=0`), to see what a setting would do to the curve.
+    #[arg(long, value_name = "NAME=VALUE")]
+    pub engine_set: Vec<String>,
+    /// The segment size of the cache --engine models (what `format --segment-size` gave it).
+    #[arg(long, value_name = "BYTES", default_value = "4M", value_parser = parse_size)]
+    pub segment_size: u64,
+    /// Where --engine puts its scratch cache and backing files (removed afterwards; sparse, up
+    /// to the largest size shown).
+    #[arg(long, value_name = "DIR")]
+    pub scratch_dir: Option<PathBuf>,
+}
+
+/// `--engine-speed`: a factor of the recorded pace, or `None` for as fast as possible.
+#[derive(Debug, Clone, Copy)]
+pub struct Speed(Option<f64>);
+
+fn parse_speed(s: &str) -> Result<Speed, String> {
+    if s == "max" {
+        return Ok(Speed(None));
+    }
+    match s.parse::<f64>() {
+        Ok(x) if x > 0.0 && x.is_finite() => Ok(Speed(Some(x))),
+        _ => Err(format!(
+            "{s:?}: a factor above 0 (1 = as recorded) or `max`"
+        )),
+    }
 }
 
 /// A block access of the sampled stream: the block number, and what it was.
@@ -126,18 +177,38 @@ fn blocks(offset: u64, len: u32, block_size: u64) -> std::ops::Range<u64> {
     first..end.max(first)
 }
 
-/// Calls `f` for every block access of the trace, in order.
-fn for_each_access(path: &Path, block_size: u64, mut f: impl FnMut(Access)) -> anyhow::Result<()> {
-    for r in open_trace(path)? {
+/// Where in the trace an access is: the number of its request, and when it was made.
+#[derive(Debug, Clone, Copy)]
+struct At {
+    request: u64,
+    t_us: u64,
+}
+
+/// Calls `f` for every block access of the trace, in order, with where it is, and with `None`
+/// for a flush.
+fn for_each_access(
+    path: &Path,
+    block_size: u64,
+    mut f: impl FnMut(Option<Access>, At),
+) -> anyhow::Result<()> {
+    for (request, r) in open_trace(path)?.enumerate() {
         let r = r.with_context(|| format!("reading {}", path.display()))?;
+        let at = At {
+            request: request as u64,
+            t_us: r.t_us,
+        };
         let make: fn(u64) -> Access = match r.op {
             TraceOp::Read => Access::Read,
             TraceOp::Write | TraceOp::WriteZeroes => Access::Write,
             TraceOp::Trim => Access::Trim,
-            TraceOp::Flush | TraceOp::Lost => continue,
+            TraceOp::Flush => {
+                f(None, at);
+                continue;
+            }
+            TraceOp::Lost => continue,
         };
         for b in blocks(r.offset, r.len, block_size) {
-            f(make(b));
+            f(Some(make(b)), at);
         }
     }
     Ok(())
@@ -182,6 +253,16 @@ struct Row {
     s3fifo: f64,
     /// |difference| of the two half samples' LRU miss ratios.
     spread: f64,
+    /// flashtier's own, replayed (`--engine`); `None` when not asked for or too small to scale.
+    engine: Option<EngineRow>,
+}
+
+/// flashtier at one size, replayed through a real cache.
+#[derive(Debug, Clone, Copy)]
+struct EngineRow {
+    miss_ratio: f64,
+    live_share: f64,
+    header_share: f64,
 }
 
 fn analyse(args: &AdviseArgs) -> anyhow::Result<Analysis> {
@@ -192,10 +273,10 @@ fn analyse(args: &AdviseArgs) -> anyhow::Result<Analysis> {
     );
     // Pass 1: how many accesses, to size the sample and the LRU stack.
     let (mut reads, mut writes) = (0u64, 0u64);
-    for_each_access(&args.trace, bs, |a| match a {
-        Access::Read(_) => reads += 1,
-        Access::Write(_) => writes += 1,
-        Access::Trim(_) => {}
+    for_each_access(&args.trace, bs, |a, _| match a {
+        Some(Access::Read(_)) => reads += 1,
+        Some(Access::Write(_)) => writes += 1,
+        Some(Access::Trim(_)) | None => {}
     })?;
     anyhow::ensure!(
         reads > 0,
@@ -209,7 +290,8 @@ fn analyse(args: &AdviseArgs) -> anyhow::Result<Analysis> {
     let sampler = Sampler::new(rate);
     // Pass 2: the sampled stream.
     let mut sampled = Vec::new();
-    for_each_access(&args.trace, bs, |a| {
+    for_each_access(&args.trace, bs, |a, _| {
+        let Some(a) = a else { return };
         let (Access::Read(b) | Access::Write(b) | Access::Trim(b)) = a;
         if sampler.keeps(b) {
             sampled.push(a);
@@ -247,7 +329,7 @@ fn analyse(args: &AdviseArgs) -> anyhow::Result<Analysis> {
         args.sizes.iter().map(|s| (s / bs).max(1)).collect()
     };
     let scaled = |blocks: u64| ((blocks as f64 * rate).round() as u64).max(1);
-    let rows = sizes
+    let mut rows: Vec<Row> = sizes
         .iter()
         .map(|&blocks| {
             let s = scaled(blocks);
@@ -262,9 +344,13 @@ fn analyse(args: &AdviseArgs) -> anyhow::Result<Analysis> {
                 fifo: adjusted(simulate(&sampled, Fifo::new(s as usize)), expected),
                 s3fifo: adjusted(simulate(&sampled, S3Fifo::new(s as usize)), expected),
                 spread: (half(&halves[0]) - half(&halves[1])).abs(),
+                engine: None,
             }
         })
         .collect();
+    if args.engine {
+        replay_engine(args, reads + writes, reads, &mut rows)?;
+    }
     Ok(Analysis {
         rate,
         reads,
@@ -274,6 +360,107 @@ fn analyse(args: &AdviseArgs) -> anyhow::Result<Analysis> {
         lru: lru_curve,
         rows,
     })
+}
+
+/// Blocks sampled together for `--engine`: requests of up to this many aligned blocks stay whole
+/// in its sample (a database's 16 KiB page is one record in the log, and four single-block
+/// records would take more batch headers).
+const ENGINE_SAMPLE_GROUP: u64 = 16;
+
+/// Fills in flashtier's own miss ratios: the requests of a sample of the trace (its own: whole
+/// groups of [`ENGINE_SAMPLE_GROUP`] blocks, at most about `--engine-accesses` block accesses)
+/// replayed through a real cache of each row's size, scaled to the rate.
+fn replay_engine(
+    args: &AdviseArgs,
+    accesses: u64,
+    reads: u64,
+    rows: &mut [Row],
+) -> anyhow::Result<()> {
+    let sampler = Sampler::new((args.engine_accesses as f64 / accesses.max(1) as f64).min(1.0));
+    let mut ios: Vec<engine_sim::Io> = Vec::new();
+    let mut last_request = u64::MAX;
+    // Flushes are kept at the sample's rate, evenly: they end the log's batches and sync it.
+    let mut flush_credit = 0.0;
+    for_each_access(&args.trace, args.block_size, |a, at| {
+        let Some(a) = a else {
+            flush_credit += sampler.rate();
+            if flush_credit >= 1.0 {
+                flush_credit -= 1.0;
+                ios.push(engine_sim::Io::flush(at.t_us));
+            }
+            return;
+        };
+        let (Access::Read(b) | Access::Write(b) | Access::Trim(b)) = a;
+        if !sampler.keeps(b / ENGINE_SAMPLE_GROUP) {
+            return;
+        }
+        let io = engine_sim::Io::of(a, at.t_us);
+        match ios.last_mut() {
+            Some(prev) if at.request == last_request && prev.continues_with(&io) => {
+                prev.blocks += 1
+            }
+            _ => ios.push(io),
+        }
+        last_request = at.request;
+    })?;
+    let volume_blocks = ios
+        .iter()
+        .map(|io| io.block + io.blocks as u64)
+        .max()
+        .unwrap_or(1);
+    let sampled_accesses: u64 = ios.iter().map(|io| io.blocks as u64).sum();
+    let span_secs = match (ios.first(), ios.last()) {
+        (Some(a), Some(b)) => b.t_us.saturating_sub(a.t_us) as f64 / 1e6,
+        _ => 0.0,
+    };
+    let rate = sampler.rate();
+    let params: Vec<(&str, &str)> = args
+        .engine_set
+        .iter()
+        .map(|p| {
+            p.split_once('=')
+                .with_context(|| format!("--engine-set {p:?}: expected NAME=VALUE"))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let scratch =
+        engine_sim::Scratch::new(args.scratch_dir.as_deref().unwrap_or(&std::env::temp_dir()))?;
+    let total = rows.len();
+    for (i, row) in rows.iter_mut().enumerate() {
+        let Some(geometry) =
+            engine_sim::scaled_geometry(row.blocks, rate, args.block_size, args.segment_size)
+        else {
+            continue;
+        };
+        let pace = match args.engine_speed.0 {
+            Some(x) => format!("over {:.0} s ({x}x the recorded pace)", span_secs / x),
+            None => "as fast as it takes them".to_string(),
+        };
+        eprintln!(
+            "replaying {} requests ({sampled_accesses} block accesses) {pace} through a \
+             flashtier cache for {} ({} of {total})",
+            ios.len(),
+            fmt_bytes(row.blocks * args.block_size),
+            i + 1
+        );
+        let run = engine_sim::replay(
+            &scratch,
+            &ios,
+            volume_blocks,
+            args.block_size,
+            geometry,
+            engine_sim::Pace {
+                clients: args.engine_clients as usize,
+                speed: args.engine_speed.0,
+            },
+            &params,
+        )?;
+        row.engine = Some(EngineRow {
+            miss_ratio: adjusted(run.read_misses, reads as f64 * rate),
+            live_share: run.live_share,
+            header_share: run.header_share,
+        });
+    }
+    Ok(())
 }
 
 /// Sizes from a sampled cache of `MIN_SAMPLED_BLOCKS` (or 1/256 of the working set) up to the
@@ -329,12 +516,18 @@ pub fn run(args: AdviseArgs) -> anyhow::Result<()> {
             .rows
             .iter()
             .map(|r| {
-                json!({
+                let mut row = json!({
                     "bytes": r.blocks * bs,
                     "lru_miss_ratio": r.lru,
                     "fifo_miss_ratio": r.fifo,
                     "s3fifo_miss_ratio": r.s3fifo,
-                })
+                });
+                if let Some(e) = r.engine {
+                    row["flashtier_miss_ratio"] = json!(e.miss_ratio);
+                    row["flashtier_live_share"] = json!(e.live_share);
+                    row["flashtier_header_share"] = json!(e.header_share);
+                }
+                row
             })
             .collect();
         let out = json!({
@@ -373,13 +566,27 @@ pub fn run(args: AdviseArgs) -> anyhow::Result<()> {
         println!("exact: every block analysed");
     }
     println!();
+    let engine_head = if args.engine {
+        format!("  {:>9}  {:>6}", "flashtier", "live")
+    } else {
+        String::new()
+    };
     println!(
-        "{:>12}  {:>9}  {:>9}  {:>9}",
+        "{:>12}  {:>9}  {:>9}  {:>9}{engine_head}",
         "cache size", "LRU", "FIFO", "S3-FIFO"
     );
     for r in &a.rows {
+        let engine = match (args.engine, r.engine) {
+            (false, _) => String::new(),
+            (true, Some(e)) => format!(
+                "  {:>8.1}%  {:>5.0}%",
+                e.miss_ratio * 100.0,
+                e.live_share * 100.0
+            ),
+            (true, None) => format!("  {:>9}  {:>6}", "too small", "-"),
+        };
         println!(
-            "{:>12}  {:>8.1}%  {:>8.1}%  {:>8.1}%",
+            "{:>12}  {:>8.1}%  {:>8.1}%  {:>8.1}%{engine}",
             fmt_bytes(r.blocks * bs),
             r.lru * 100.0,
             r.fifo * 100.0,
@@ -459,6 +666,13 @@ mod tests {
             target_pct: 90.0,
             json: false,
             plot: None,
+            engine: false,
+            engine_clients: 16,
+            engine_accesses: 1_000_000,
+            segment_size: 4 << 20,
+            engine_set: Vec::new(),
+            engine_speed: Speed(Some(1.0)),
+            scratch_dir: None,
         }
     }
 
@@ -501,6 +715,26 @@ mod tests {
         let gain = |blocks| 1.0 - exact.lru_miss_ratio(blocks) - (1.0 - cold) * 0.9;
         assert!(gain(rec) >= -1e-9 && gain(rec - 1) < 0.0, "{rec}");
         assert!((40_000..=200_000).contains(&exact.working_set_blocks));
+    }
+
+    #[test]
+    fn engine_settings_are_checked_before_they_are_replayed_with() {
+        let dir = tempfile::tempdir().unwrap();
+        let trace = dir.path().join("t.ft");
+        synthetic_trace(&trace, 20_000, 20_000);
+        let mut a = args(&trace, 1.0, &[8 << 20]);
+        a.engine = true;
+        a.segment_size = 256 << 10;
+        a.scratch_dir = Some(dir.path().to_path_buf());
+        a.engine_set = vec!["reclaim_compact_pct".into()];
+        let err = analyse(&a).err().unwrap().to_string();
+        assert!(err.contains("expected NAME=VALUE"), "{err}");
+        a.engine_set = vec!["reclaim_compact_pct=99".into()];
+        let err = format!("{:#}", analyse(&a).err().unwrap());
+        assert!(err.contains("reclaim_compact_pct=99"), "{err}");
+        a.engine_set = vec!["reclaim_compact_pct=0".into()];
+        let row = analyse(&a).unwrap().rows[0].engine.unwrap();
+        assert!(row.miss_ratio > 0.0 && row.miss_ratio < 1.0, "{row:?}");
     }
 
     #[test]

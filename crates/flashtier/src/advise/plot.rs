@@ -32,17 +32,24 @@ pub fn write(path: &Path, a: &Analysis, bs: u64, recommend_blocks: u64) -> anyho
     let highest = a
         .rows
         .iter()
-        .flat_map(|r| [r.lru, r.fifo, r.s3fifo])
+        .flat_map(|r| {
+            [
+                r.lru,
+                r.fifo,
+                r.s3fifo,
+                r.engine.map_or(0.0, |e| e.miss_ratio),
+            ]
+        })
         .fold(0.0f64, f64::max)
         .max(0.01);
     let max = (highest * 1.1).min(1.0);
     let y_of = |ratio: f64| bottom - (ratio / max * (bottom - top) as f64).round() as i64;
-    c.text(
-        left,
-        14,
-        "READ MISS RATIO BY CACHE SIZE - LRU BLUE, FIFO GREY, S3-FIFO GREEN",
-        BLACK,
-    );
+    let title = if a.rows.iter().any(|r| r.engine.is_some()) {
+        "READ MISS RATIO BY CACHE SIZE - LRU BLUE, FIFO GREY, S3-FIFO GREEN, FLASHTIER BLACK"
+    } else {
+        "READ MISS RATIO BY CACHE SIZE - LRU BLUE, FIFO GREY, S3-FIFO GREEN"
+    };
+    c.text(left, 14, title, BLACK);
     for k in 0..=4 {
         let v = max * k as f64 / 4.0;
         let y = y_of(v);
@@ -52,10 +59,14 @@ pub fn write(path: &Path, a: &Analysis, bs: u64, recommend_blocks: u64) -> anyho
     }
     c.line((left, top), (left, bottom), BLACK, false);
     c.line((left, bottom), (right, bottom), BLACK, false);
-    for (series, colour) in [(0, BLUE), (1, GREY), (2, GREEN)] {
+    for (series, colour) in [(0, BLUE), (1, GREY), (2, GREEN), (3, BLACK)] {
         let mut prev = None;
         for r in &a.rows {
-            let v = [r.lru, r.fifo, r.s3fifo][series];
+            let engine = r.engine.map(|e| e.miss_ratio);
+            let Some(v) = [Some(r.lru), Some(r.fifo), Some(r.s3fifo), engine][series] else {
+                prev = None;
+                continue;
+            };
             let p = (x_of(r.blocks as f64), y_of(v));
             if let Some(q) = prev {
                 c.line(q, p, colour, false);

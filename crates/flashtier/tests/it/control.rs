@@ -258,6 +258,20 @@ fn status_stats_json_and_watch_show_the_running_cache() {
             report["windows"]
         );
     }
+    // 1 MiB written, 2 MiB read over it: 512 distinct 4 KiB blocks, estimated.
+    for window in ["5min", "hour", "day", "total"] {
+        let w = &report["working_set"]["windows"][window];
+        let blocks = w["blocks"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{window}: {report}"));
+        assert!(blocks.abs_diff(512) <= 26, "working set {window}: {w}");
+        assert_eq!(w["bytes"].as_u64(), Some(blocks * 4096), "{w}");
+    }
+    // The cache is many times that: "cache 95.00 MiB = 47.5x the hour's".
+    assert!(
+        status.contains("working set") && status.contains("x the hour's"),
+        "status lacks the working set:\n{status}"
+    );
     assert_eq!(
         report["latency"]["read"]["count"].as_u64(),
         Some(2),
@@ -1244,6 +1258,19 @@ fn prometheus_metrics_parse_and_match_stats_json() {
             s["value"].as_f64(),
             Some(status_u64(&after, name) as f64),
             "{metric}"
+        );
+    }
+    // The working set: a gauge per window, as stats --json has it.
+    for window in ["5min", "hour", "day", "total"] {
+        let s = samples
+            .iter()
+            .find(|s| s["name"] == "flashtier_working_set_bytes" && s["labels"]["window"] == window)
+            .unwrap_or_else(|| panic!("no flashtier_working_set_bytes{{window={window:?}}}"));
+        assert_eq!(s["type"], "gauge", "{s}");
+        assert_eq!(
+            s["value"].as_f64(),
+            after["working_set"]["windows"][window]["bytes"].as_f64(),
+            "{s}"
         );
     }
     // Live parameters: one info-style gauge per parameter, its value as a label.

@@ -709,3 +709,38 @@ pub fn qemu_io<S: AsRef<str>>(uri: &str, commands: &[S]) -> String {
     );
     all
 }
+
+/// `flashtier ARGS --control SOCKET`.
+pub fn ctl(socket: &Path, args: &[&str]) -> Output {
+    run_any(Command::new(BIN).args(args).arg("--control").arg(socket))
+}
+
+/// [`ctl`], which must succeed; returns what it printed.
+pub fn ctl_ok(socket: &Path, args: &[&str]) -> String {
+    let out = ctl(socket, args);
+    assert!(out.status.success(), "flashtier {args:?}:\n{}", text(&out));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// `flashtier stats --json` of the server at `socket`, parsed.
+pub fn report(socket: &Path) -> serde_json::Value {
+    serde_json::from_str(&ctl_ok(socket, &["stats", "--json"])).unwrap()
+}
+
+/// `flashtier serve` of `img` on a socket in `dir`, its control socket at `control`, with `args`.
+pub fn serve(dir: &Path, img: &Path, control: &Path, args: &[&str]) -> Server {
+    let mut all = args.to_vec();
+    all.extend_from_slice(&["--control-socket", path_str(control)]);
+    Server::on_socket(dir, path_str(img), &all)
+}
+
+/// Formats a cache file of `size` with 1 MiB segments for `img`.
+pub fn format_cache(cache: &Path, img: &Path, size: &str) {
+    let out = run_any(format_command(cache, path_str(img)).args([
+        "--size",
+        size,
+        "--segment-size",
+        "1M",
+    ]));
+    assert!(out.status.success(), "{}", text(&out));
+}

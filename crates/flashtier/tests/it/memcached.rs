@@ -3,39 +3,18 @@
 //! live from the command line (`flashtier memcached`, `set memcached_mode`, `stats`).
 
 use std::path::Path;
-use std::process::{Command, Output};
 use std::time::Duration;
 
 use flashtier_testkit::memcached::Memcached;
 use serde_json::Value;
 
-use crate::harness::{self, path_str, run_any, text, Server, BIN};
+use crate::harness::{
+    self, ctl, ctl_ok, format_cache, path_str, report, run_any, serve, text, Server,
+};
 use crate::tools::{assert_fio_ok, fio_verify_job};
-
-pub(crate) fn ctl(socket: &Path, args: &[&str]) -> Output {
-    run_any(Command::new(BIN).args(args).arg("--control").arg(socket))
-}
-
-pub(crate) fn ctl_ok(socket: &Path, args: &[&str]) -> String {
-    let out = ctl(socket, args);
-    assert!(out.status.success(), "flashtier {args:?}:\n{}", text(&out));
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// `flashtier stats --json` of the server at `socket`, parsed.
-pub(crate) fn report(socket: &Path) -> Value {
-    serde_json::from_str(&ctl_ok(socket, &["stats", "--json"])).unwrap()
-}
 
 fn counter(socket: &Path, name: &str) -> u64 {
     crate::control::counter(&report(socket), name)
-}
-
-/// `flashtier serve` of `img` on a socket in `dir`, its control socket at `control`, with `args`.
-pub(crate) fn serve(dir: &Path, img: &Path, control: &Path, args: &[&str]) -> Server {
-    let mut all = args.to_vec();
-    all.extend_from_slice(&["--control-socket", path_str(control)]);
-    Server::on_socket(dir, path_str(img), &all)
 }
 
 /// fio's verifying job `name` of `size` over `server`, `how` = `--do_verify=1` (write, then
@@ -48,17 +27,6 @@ pub(crate) fn fio_verify(server: &Server, name: &str, size: &str, how: &str, wha
         &["--ioengine=nbd", &uri, how],
     ));
     assert_fio_ok(&out, 1, what);
-}
-
-/// Formats a cache file of `size` with 1 MiB segments for `img`.
-pub(crate) fn format_cache(cache: &Path, img: &Path, size: &str) {
-    let out = run_any(harness::format_command(cache, path_str(img)).args([
-        "--size",
-        size,
-        "--segment-size",
-        "1M",
-    ]));
-    assert!(out.status.success(), "{}", text(&out));
 }
 
 /// How many of the tier's servers `stats --json` reports up.

@@ -8,7 +8,8 @@ use flashtier_testkit::memcached::Memcached;
 
 use crate::control::counter;
 use crate::harness::{self, path_str, run_any, text, BIN};
-use crate::memcached::{ctl_ok, fio_verify, format_cache, report, serve};
+use crate::harness::{ctl_ok, format_cache, report, serve};
+use crate::memcached::fio_verify;
 
 /// Above a cache: fio writes and verifies, verifies again (from memory), rewrites and verifies;
 /// the report shows the tier's size and use, and its memory stays within the size asked for plus
