@@ -3,37 +3,68 @@
 S3-FIFO) simulated on the same requests at the same capacity, and how much of its capacity
 holds live blocks.
 
-For each workload a fresh cache (default 1 GiB) is formatted over a backing file (default
-4 GiB, sparse: miss ratios do not depend on the backing store's speed), `flashtier serve
---trace` records every request, and fio drives 4K requests through the nbd engine (QD16,
---number_ios each). Then:
+For each workload a fresh cache is formatted over a sparse backing file (miss ratios do not
+depend on the backing store's speed), `flashtier serve --trace` records every request the
+server is sent, and fio sends them through the nbd engine at QD16. Then:
 
-  flashtier     read miss ratio from the server's counters (read_miss_blocks / block reads)
+  flashtier     read miss ratio from the server's counters (read_miss_blocks / block reads; a
+                write covering a 4K block in part reads it first and counts as a block read
+                there too: none on the fio rows, the redo log's 512-byte writes on oltp, whose
+                range over the trace's reads alone the report gives)
   LRU, S3-FIFO  `flashtier advise TRACE --sample 1` at the cache's capacity in blocks: exact
                 simulations of the very requests flashtier served
   LRU at live   exact LRU holding only as many blocks as flashtier held live at the end
   live          live blocks / capacity at the end (status), and the share of log slots that
                 went to batch headers (batches / (batches + blocks written to the log))
+  advise --engine
+                the trace the server recorded, replayed whole by `flashtier advise --engine` into
+                a real cache of the same capacity at the pace the server took it: the advisor's
+                flashtier curve against the server it stands for (--no-replay skips it; it
+                takes about as long as the row)
 
-Workloads (fio randrw 70/30 unless said): zipf 0.6, 0.9, 1.2; pareto 0.9; a hot set (zipf
-0.9 over the first quarter) with a sequential read scan of the rest running beside it. A
-MariaDB OLTP trace is not part of this run (record one with `flashtier trace` under
-bench/oltp.py's database and replay it with `trace to-fio`).
+Workloads:
+  zipf0.6, zipf0.9, zipf1.2, pareto0.9, hot+scan
+          fio 4K randrw 70/30 (--number_ios each, default 1 M) with that random distribution over
+          the backing file, a 1 GiB cache over 4 GiB (--cache-mib, --data-mib); hot+scan: a hot set
+          (zipf 0.9 over the first quarter) with a sequential read scan of the rest beside it.
+  oltp    a block trace of MariaDB under sysbench oltp_read_write (--rand-type=pareto), replayed.
+          Recorded once per run: bench/oltp.py's database (its prepared image and defaults: 8
+          tables x 265,000 rows, 16K pages, doublewrite ON, a 32 MiB buffer pool, 8 threads) on
+          ext4 over loop over nbdfuse over a flashtier pass-through server (`serve --trace`, no
+          cache) on a copy of the image, so the trace is the database's own requests: mariadbd
+          starts, sysbench runs --oltp-seconds (default 180), mariadbd shuts down cleanly. The trace
+          is kept as WORKDIR/eviction-oltp.ft (described in eviction-oltp.json beside it);
+          --oltp-trace FILE replays that file instead of recording. `flashtier trace to-fio`
+          converts it, and fio replays it (--read_iolog, --replay_no_stall=1, nbd engine, QD16)
+          through a fresh cache of each --oltp-cache-pct (default 50,25) percent of the data the
+          trace touched (its distinct 4K blocks), over a sparse file the size of its export, one
+          row a size. The 1 GiB of the fio rows would hold all of it.
 
 Targets (issue 12): read miss ratio <= 1.0x exact LRU's on every trace and <= 0.9x on the
-zipf traces; live >= 90% of capacity.
+zipf and OLTP traces; live >= 90% of capacity.
 
-Writes bench/results/eviction.{md,json,png}.
+--only NAME,... runs only these workloads (oltp: all its cache sizes) and merges their rows into
+the results already in --out (eviction.json), keeping the other rows and saying where each came
+from. Default run: 13 minutes on this 2-CPU machine with builds and tests beside it (load average
+9-15): the fio rows 5, recording the oltp trace 3, its two replays 1.5 each, preparing the database
+0.5 (once; kept in --workdir), the rest formatting caches and simulating. --quick: 2 minutes. The
+oltp workload needs root (loop devices, mounts), /dev/fuse, nbdfuse, mariadbd and sysbench
+(scripts/install-deps.sh installs them).
+
+Writes bench/results/eviction.{md,json,png} (--quick: /tmp/flashtier-bench-quick).
 """
 
 import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import benchlib as bl
+import oltp
 
 WORKLOADS = [
     ("zipf0.6", "zipf:0.6", None),
@@ -42,6 +73,12 @@ WORKLOADS = [
     ("pareto0.9", "pareto:0.9", None),
     ("hot+scan", "zipf:0.9", "scan"),
 ]
+GROUPS = [w[0] for w in WORKLOADS] + ["oltp"]  # what --only names, in the table's order
+OLTP_PAGE_KIB = 16
+
+
+def group_of(row):
+    return "oltp" if row["workload"].startswith("oltp") else row["workload"]
 
 
 def fio_jobs(uri, dist, extra, size, ios):
@@ -58,120 +95,443 @@ def fio_jobs(uri, dist, extra, size, ios):
             "--output=/dev/null"]
 
 
+def replay_job(uri, iolog):
+    return ["fio", "--name=replay", "--ioengine=nbd", f"--uri={uri}", f"--read_iolog={iolog}",
+            "--replay_no_stall=1", "--iodepth=16", "--output=/dev/null"]
+
+
 def ctl(binary, sock, *args):
     return subprocess.run([str(binary), *args, "--control", str(sock)], capture_output=True, text=True,
                           check=True).stdout
 
 
-def advise(binary, trace, sizes_bytes):
-    out = subprocess.run([str(binary), "advise", str(trace), "--sample", "1", "--json", "--sizes",
-                          ",".join(str(s) for s in sizes_bytes)], capture_output=True, text=True, check=True)
-    return json.loads(out.stdout)
+def run(argv):
+    out = subprocess.run([str(a) for a in argv], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"{' '.join(map(str, argv))} failed (exit {out.returncode}):\n{out.stdout}{out.stderr}")
+    return out.stdout
 
 
-def run_one(binary, work, name, dist, extra, args):
-    d = work / f"eviction-{name}"
-    subprocess.run(["rm", "-rf", str(d)], check=True)
+def advise(binary, trace, sizes_bytes=None):
+    sizes = ["--sizes", ",".join(str(s) for s in sizes_bytes)] if sizes_bytes else []
+    return json.loads(run([binary, "advise", trace, "--sample", "1", "--json", *sizes]))
+
+
+def sparse_file(path: Path, size):
+    if not path.exists() or path.stat().st_size != size:
+        path.unlink(missing_ok=True)
+        with open(path, "wb") as f:
+            f.truncate(size)
+
+
+def measure(binary, work, name, cache_bytes, backing: Path, driver, args, rmw_blocks=0):
+    """A fresh cache of `cache_bytes` over `backing`, served with --trace while `driver(uri)` (a fio
+    command line) runs; the row of its counters and the simulations of its trace. `rmw_blocks`: the
+    partly written 4K blocks of the workload's writes (see rmw_block_reads)."""
+    d = work / f"eviction-{name.replace('@', '-').replace('%', 'pct')}"  # no URI escapes in its socket's path
+    shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
-    backing = work / "eviction-backing.img"
-    if not backing.exists() or backing.stat().st_size != args.data_mib << 20:
-        backing.unlink(missing_ok=True)
-        with open(backing, "wb") as f:
-            f.truncate(args.data_mib << 20)
     cache = d / "cache.img"
-    bl.flashtier_format(binary, cache, str(backing), args.cache_mib << 20)
+    bl.flashtier_format(binary, cache, str(backing), cache_bytes)
     sock, ctl_sock, trace = d / "nbd.sock", d / "ctl.sock", d / "trace.ft"
     server = bl.flashtier_serve(binary, str(backing), sock, d / "serve.log",
                                 extra=["--cache", str(cache), "--control-socket", str(ctl_sock),
                                        "--trace", str(trace), *args.serve_arg])
     t0 = time.time()
-    fio = subprocess.run(fio_jobs(server.uri, dist, extra, args.data_mib << 20, args.ios), capture_output=True,
-                         text=True)
+    fio = subprocess.run(driver(server.uri), capture_output=True, text=True)
     if fio.returncode != 0:
         sys.exit(f"fio failed on {name}:\n{fio.stdout}{fio.stderr}")
     seconds = time.time() - t0
     stats = json.loads(ctl(binary, ctl_sock, "stats", "--json"))
     server.stop()
+    (d / "stats.json").write_text(json.dumps(stats, indent=2))
     c = stats["windows"]["total"]
     cached, capacity = stats["status"]["cached_blocks"], stats["status"]["capacity_blocks"]
     reads = c["read_hit_blocks"] + c["read_miss_blocks"]
     sims = advise(binary, trace, [capacity * 4096, cached * 4096])
-    assert sims["reads"] == reads, (sims["reads"], reads)
+    # A write that covers a 4K block only in part reads the block first (read-modify-write), and
+    # the server counts that read as a hit or a miss too: its counters hold the trace's block reads
+    # plus those.
+    if reads - sims["reads"] != rmw_blocks:
+        sys.exit(f"{name}: the server counted {reads:,} block reads; its trace holds {sims['reads']:,}, and its "
+                 f"writes cover {rmw_blocks:,} blocks in part")
     full, at_live = sims["curve"][0], sims["curve"][1]
     data_written = c["write_blocks"] - c.get("bypassed_write_blocks", 0) + c["promoted_blocks"] + c["moved_blocks"]
     r = {
-        "workload": name, "fio_distribution": dist, "scan": extra == "scan", "seconds": round(seconds, 1),
-        "block_reads": reads, "block_writes": c["write_blocks"],
+        "workload": name, "seconds": round(seconds, 1), "cache_bytes": cache_bytes,
+        "block_reads": reads, "block_writes": c["write_blocks"], "trace_block_writes": sims["writes"],
         "flashtier_miss_ratio": c["read_miss_blocks"] / reads,
+        "trace_block_reads": sims["reads"], "rmw_block_reads": rmw_blocks,
+        # The miss ratio of the trace's reads alone: the read-modify-write reads were all hits, or
+        # all misses.
+        "flashtier_miss_ratio_range": [max(c["read_miss_blocks"] - rmw_blocks, 0) / sims["reads"],
+                                       c["read_miss_blocks"] / sims["reads"]],
         "lru_miss_ratio": full["lru_miss_ratio"], "s3fifo_miss_ratio": full["s3fifo_miss_ratio"],
         "fifo_miss_ratio": full["fifo_miss_ratio"], "lru_at_live_miss_ratio": at_live["lru_miss_ratio"],
         "capacity_blocks": capacity, "live_blocks": cached, "live_fraction": cached / capacity,
         "header_share": c["batches"] / (c["batches"] + data_written),
         "evicted_blocks": c["evicted_blocks"], "moved_blocks": c["moved_blocks"],
-        "write_hit_blocks": c["write_hit_blocks"],
+        "write_hit_blocks": c["write_hit_blocks"], "bypassed_read_blocks": c.get("bypassed_read_blocks"),
+        "bypassed_write_blocks": c.get("bypassed_write_blocks"), "client_flushes": c.get("client_flushes"),
+        "working_set_blocks": sims["working_set_bytes"] // 4096,
     }
     r["vs_lru"] = r["flashtier_miss_ratio"] / max(r["lru_miss_ratio"], 1e-9)
+    if args.replay:
+        # The same requests replayed into a real cache of the same geometry by `advise --engine`,
+        # whole (no sampling) and at the pace this server took them: how far the advisor's own
+        # curve is from the server it stands for.
+        t1 = time.time()
+        eng = json.loads(run([binary, "advise", trace, "--sample", "1", "--json", "--engine",
+                              "--engine-accesses", str(10 ** 9), "--sizes", str(capacity * 4096),
+                              "--scratch-dir", d]))["curve"][0]
+        r["replayed_miss_ratio"] = eng["flashtier_miss_ratio"]
+        r["replayed_live_fraction"] = eng["flashtier_live_share"]
+        r["replay_seconds"] = round(time.time() - t1, 1)
+    if rmw_blocks:
+        print(f"{name}: {rmw_blocks:,} read-modify-write block reads in the counters; the trace's reads alone "
+              f"missed {r['flashtier_miss_ratio_range'][0]:.4f}-{r['flashtier_miss_ratio_range'][1]:.4f}", flush=True)
     print(f"{name}: flashtier {r['flashtier_miss_ratio']:.3f}, LRU {r['lru_miss_ratio']:.3f} ({r['vs_lru']:.2f}x), "
-          f"S3-FIFO {r['s3fifo_miss_ratio']:.3f}, live {r['live_fraction']:.1%}", flush=True)
+          f"S3-FIFO {r['s3fifo_miss_ratio']:.3f}, live {r['live_fraction']:.1%} ({seconds:.0f} s)", flush=True)
     return r
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cache-mib", type=int, default=1024, help="cache file size (default 1024)")
-    ap.add_argument("--data-mib", type=int, default=4096, help="backing store size (default 4096)")
-    ap.add_argument("--ios", type=int, default=1_000_000, help="fio requests per workload (default 1,000,000)")
-    ap.add_argument("--serve-arg", action="append", default=[],
-                    help="extra argument for serve, e.g. --serve-arg=--set --serve-arg=reclaim_policy=fifo")
-    bl.add_common_args(ap)
-    args = ap.parse_args()
+def run_fio_workload(binary, work, name, dist, extra, args):
+    backing = work / "eviction-backing.img"
+    sparse_file(backing, args.data_mib << 20)
+    r = measure(binary, work, name, args.cache_mib << 20, backing,
+                lambda uri: fio_jobs(uri, dist, extra, args.data_mib << 20, args.ios), args)
+    r.update({"fio_distribution": dist, "scan": extra == "scan", "cache_mib": args.cache_mib,
+              "data_mib": args.data_mib, "ios": args.ios})
+    return r
+
+
+# --- The MariaDB OLTP trace ---------------------------------------------------------------------
+
+def oltp_db_args(args):
+    """bench/oltp.py's database settings: its defaults (--quick: its quick sizes)."""
+    p = argparse.ArgumentParser(add_help=False)
+    oltp.add_database_args(p)
+    db = p.parse_args([])
     if args.quick:
-        args.cache_mib, args.data_mib, args.ios = 128, 512, 100_000
-    binary, work, machine = bl.setup(args, "fio")
-    rows = [run_one(binary, work, *w, args) for w in WORKLOADS]
-    out = bl.results_dir(args)
-    zipf = [r for r in rows if r["workload"].startswith("zipf")]
+        oltp.quick_sizes(db)
+    return db
+
+
+def record_oltp(binary, work, args):
+    """Records MariaDB + sysbench through a flashtier pass-through server into WORKDIR/eviction-oltp.ft;
+    returns (trace, description), the description also written to eviction-oltp.json."""
+    db_args = oltp_db_args(args)
+    img, meta = oltp.prepared_image(db_args, work, OLTP_PAGE_KIB)
+    d = work / "eviction-oltp-record"
+    if os.path.ismount(d / "mnt"):
+        sys.exit(f"{d / 'mnt'} is still mounted (left over from an interrupted run?): unmount it first")
+    shutil.rmtree(d, ignore_errors=True)
+    d.mkdir(parents=True)
+    trace, desc_path = work / "eviction-oltp.ft", work / "eviction-oltp.json"
+    trace.unlink(missing_ok=True)
+    desc_path.unlink(missing_ok=True)
+    disk = d / "disk.img"
+    subprocess.run(["cp", "--sparse=always", str(img), str(disk)], check=True)
+    print(f"oltp: recording MariaDB + sysbench ({args.oltp_seconds} s) through flashtier pass-through ...",
+          flush=True)
+    t0 = time.time()
+    server = fuse = db = None
+    try:
+        server = bl.flashtier_serve(binary, str(disk), d / "nbd.sock", d / "serve.log",
+                                    extra=["--control-socket", str(d / "ctl.sock"), "--trace", str(trace)])
+        fuse = bl.FuseLoop(server.uri, d / "fuse", db_args.disk_mib << 20, d / "nbdfuse.log")
+        fuse.mount(d / "mnt")
+        db = oltp.MariaDB(d / "db", d / "mnt" / "data", OLTP_PAGE_KIB, db_args.pool_mib, doublewrite=True)
+        db.start()
+        sb, _ = oltp.run_sysbench(db, db_args, args.oltp_seconds, d / "sysbench.txt")
+        db.stop()
+        db = None
+    finally:
+        if db is not None:
+            db.kill()
+        if fuse is not None:
+            fuse.stop()
+        if server is not None:
+            server.stop()
+    desc = {
+        "trace": str(trace), "recorded": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "flashtier": bl._first_line([str(binary), "--version"]), "command": bl.command_line(),
+        "seconds": round(time.time() - t0, 1), "mariadbd": meta.get("mariadbd"),
+        "sysbench_version": bl._first_line(["sysbench", "--version"]),
+        "database": {k: getattr(db_args, k) for k in ("tables", "table_size", "pool_mib", "disk_mib",
+                                                     "sysbench_threads")}
+        | {"page_kib": OLTP_PAGE_KIB, "doublewrite": True, "sysbench_seconds": args.oltp_seconds,
+           "data_bytes": meta["data_bytes"], "table_bytes": meta["table_bytes"]},
+        "sysbench": {k: sb[k] for k in ("transactions", "tps", "qps", "p95_ms", "seconds", "ignored_errors")},
+        "show": run([binary, "trace", "show", trace]),
+    }
+    desc_path.write_text(json.dumps(desc, indent=2))
+    shutil.rmtree(d, ignore_errors=True)  # the copy of the image
+    print(f"oltp: recorded in {desc['seconds']:.0f} s ({sb['tps']:.0f} TPS):\n{desc['show']}", flush=True)
+    return trace, desc
+
+
+def scan_iolog(iolog: Path, bs=4096):
+    """(the end of the furthest request, the blocks its writes cover in part) of a fio iolog: a
+    write reads the block at its start if it starts inside one, and the block at its end if it ends
+    inside one (once if that is the same block)."""
+    end = rmw = 0
+    with open(iolog) as f:
+        for line in f:
+            p = line.split()
+            if len(p) == 5 and p[2] in ("read", "write", "trim"):
+                off, n = int(p[3]), int(p[4])
+                end = max(end, off + n)
+                if p[2] == "write" and n:
+                    head, tail = off % bs != 0, (off + n) % bs != 0
+                    same = off // bs == (off + n - 1) // bs
+                    rmw += head + (tail and not (head and same))
+    return end, rmw
+
+
+def run_oltp(binary, work, args):
+    if args.oltp_trace:
+        trace = Path(args.oltp_trace).resolve()
+        desc_path = trace.with_suffix(".json")
+        desc = json.loads(desc_path.read_text()) if desc_path.exists() else {"trace": str(trace)}
+        desc["show"] = run([binary, "trace", "show", trace])
+        desc["replayed_from"] = str(trace)
+    else:
+        trace, desc = record_oltp(binary, work, args)
+    iolog = work / "eviction-oltp.iolog"
+    iolog.unlink(missing_ok=True)
+    desc["to_fio"] = run([binary, "trace", "to-fio", trace, iolog]).strip()
+    orig = advise(binary, trace)
+    desc.update({"block_reads": orig["reads"], "block_writes": orig["writes"],
+                 "working_set_bytes": orig["working_set_bytes"]})
+    backing = work / "eviction-oltp-backing.img"
+    extent, rmw = scan_iolog(iolog)
+    sparse_file(backing, -(-extent // (1 << 20)) << 20)
+    desc["backing_bytes"], desc["rmw_block_reads"] = backing.stat().st_size, rmw
+    rows = []
+    for pct in args.oltp_cache_pct:
+        cache_bytes = max(-(-int(orig["working_set_bytes"] * pct / 100) // (4 << 20)) * (4 << 20), 16 << 20)
+        r = measure(binary, work, f"oltp@{pct:g}%", cache_bytes, backing, lambda uri: replay_job(uri, iolog), args,
+                    rmw_blocks=rmw)
+        r.update({"cache_pct_of_touched": pct, "touched_bytes": orig["working_set_bytes"],
+                  "recorded_block_reads": orig["reads"], "recorded_block_writes": orig["writes"]})
+        if (r["trace_block_reads"], r["trace_block_writes"]) != (orig["reads"], orig["writes"]):
+            print(f"warning: the replay served {r['trace_block_reads']:,} block reads and {r['trace_block_writes']:,} "
+                  f"block writes; the recording has {orig['reads']:,} and {orig['writes']:,}", flush=True)
+        rows.append(r)
+    iolog.unlink(missing_ok=True)
+    return rows, desc
+
+
+# --- Report -------------------------------------------------------------------------------------
+
+def provenance(machine, args_d, command):
+    return {"command": command, "flashtier": machine.get("flashtier"), "flashtier_commit":
+            machine.get("flashtier_commit"), "date": machine.get("date"), "loadavg": machine.get("loadavg"),
+            "serve_args": args_d.get("serve_arg", [])}
+
+
+def merge(out: Path, rows, groups, doc):
+    """Rows of an earlier eviction.json in `out` for the workloads not run now, and its OLTP
+    description when oltp is not run now."""
+    path = out / "eviction.json"
+    if not path.exists():
+        return rows
+    old = json.loads(path.read_text())
+    here = provenance(old.get("machine", {}), old.get("args", {}), "(not recorded)")
+    kept = []
+    for r in old.get("rows", []):
+        if group_of(r) in groups:
+            continue
+        r.setdefault("run", here)
+        if group_of(r) != "oltp":
+            for k, v in (("cache_mib", old.get("args", {}).get("cache_mib")),
+                         ("data_mib", old.get("args", {}).get("data_mib")), ("ios", old.get("args", {}).get("ios"))):
+                r.setdefault(k, v)
+        kept.append(r)
+    if "oltp" not in groups and old.get("oltp"):
+        doc["oltp"] = old["oltp"]
+    order = {g: i for i, g in enumerate(GROUPS)}
+    return sorted(kept + rows, key=lambda r: order.get(group_of(r), len(order)))  # stable within a group
+
+
+def label(r):
+    if group_of(r) == "oltp":
+        return f"oltp, {r['cache_bytes'] >> 20} MiB ({r['cache_pct_of_touched']:g}% of touched)"
+    return r["workload"]
+
+
+def report(args, machine, rows, doc, out, wall):
+    zo = [r for r in rows if r["workload"].startswith(("zipf", "oltp"))]
     targets = [
         ("read miss ratio <= 1.0x exact LRU on every trace",
          check(all(r["vs_lru"] <= 1.0 for r in rows), max(r["vs_lru"] for r in rows), "x at worst")),
-        ("read miss ratio <= 0.9x exact LRU on the zipf traces",
-         check(all(r["vs_lru"] <= 0.9 for r in zipf), max(r["vs_lru"] for r in zipf), "x at worst")),
+        ("read miss ratio <= 0.9x exact LRU on the zipf and OLTP traces",
+         check(all(r["vs_lru"] <= 0.9 for r in zo), max(r["vs_lru"] for r in zo), "x at worst") if zo
+         else ("not run", "")),
         ("live >= 90% of capacity",
          check(all(r["live_fraction"] >= 0.9 for r in rows), min(r["live_fraction"] for r in rows) * 100,
                "% at worst")),
     ]
-    md = [f"# Eviction: flashtier against exact LRU on the same requests",
-          "", f"{machine}", "",
-          f"Cache {args.cache_mib} MiB over {args.data_mib} MiB, fio 4K QD16, {args.ios:,} requests a workload, "
-          f"serve args: {' '.join(args.serve_arg) or '(defaults)'}.", "",
-          "| workload | flashtier | exact LRU | flashtier ÷ LRU | S3-FIFO | FIFO | LRU with flashtier's live blocks "
-          "| live | header slots |",
-          "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    doc["targets"] = targets
+    md = bl.results_header("Eviction: flashtier against exact LRU on the same requests", machine, args.quick)
+    md += [f"This run: {', '.join(doc['ran'])} in {wall / 60:.1f} min wall time.", ""]
+    earlier = {}
     for r in rows:
-        md.append(f"| {r['workload']} | {r['flashtier_miss_ratio']:.1%} | {r['lru_miss_ratio']:.1%} | "
+        if r.get("run", {}).get("date") != machine["date"]:
+            earlier.setdefault(json.dumps(r["run"], sort_keys=True), []).append(r["workload"])
+    if earlier:
+        md += ["Rows kept from earlier runs (this run had `--only`):", ""]
+        for key, names in earlier.items():
+            p = json.loads(key)
+            md.append(f"- {', '.join(names)}: {p['flashtier']} (tree {p['flashtier_commit']}), {p['date']}, "
+                      f"command {p['command']}, load average {' '.join(p.get('loadavg') or [])}")
+        md.append("")
+    fio_rows = [r for r in rows if group_of(r) != "oltp"]
+    if fio_rows:
+        sets = {(r["cache_mib"], r["data_mib"], r["ios"]) for r in fio_rows}
+        if len(sets) == 1:
+            (cm, dm, ios), = sets
+            md += [f"fio rows: cache {cm} MiB over {dm} MiB, fio 4K QD16, {ios:,} requests a workload, "
+                   f"serve args: {' '.join(fio_rows[0]['run'].get('serve_args') or []) or '(defaults)'}.", ""]
+        else:
+            md += ["fio rows: cache and data sizes differ between rows: see eviction.json.", ""]
+    o = doc.get("oltp")
+    if o and any(group_of(r) == "oltp" for r in rows):
+        db = o.get("database", {})
+        sb = o.get("sysbench", {})
+        src = (f"recorded {o.get('recorded', '?')} with {o.get('flashtier', '?')}: " if "database" in o
+               else f"replayed from {o['trace']} (no description beside it): ")
+        if db:
+            src += (f"MariaDB ({db['page_kib']}K pages, doublewrite ON, {db['pool_mib']} MiB buffer pool) on "
+                    f"ext4 over loop over nbdfuse over `flashtier serve --trace` without a cache (pass-through) on "
+                    f"a copy of bench/oltp.py's prepared image ({db['tables']} tables × {db['table_size']:,} rows, "
+                    f"data directory {db['data_bytes'] / 2**20:.0f} MiB); mariadbd start, sysbench oltp_read_write "
+                    f"--rand-type=pareto, {db['sysbench_threads']} threads, {db['sysbench_seconds']} s "
+                    f"({sb.get('tps', float('nan')):.0f} TPS), clean shutdown. ")
+        md += [f"oltp rows: a block trace of MariaDB + sysbench, {src}The trace: "
+               f"{o['block_reads']:,} block reads and {o['block_writes']:,} block writes, "
+               f"{o['working_set_bytes'] / 2**20:.0f} MiB touched (`trace to-fio`: {o['to_fio']}). Replayed by fio "
+               "(`--read_iolog --replay_no_stall=1`, nbd engine, QD16) through a fresh cache of each size (a "
+               "percentage of the data touched, rounded up to 4 MiB; the capacity in blocks is in eviction.json) "
+               f"over a sparse {o['backing_bytes'] >> 20} MiB file, `serve --trace` recording what it served as in "
+               "the fio rows.", "", "```", o["show"].rstrip(), "```", ""]
+        bad = [r["workload"] for r in rows if group_of(r) == "oltp"
+               and (r["trace_block_reads"], r["trace_block_writes"]) != (r["recorded_block_reads"], r["recorded_block_writes"])]
+        if bad:
+            md += [f"**The replay did not send the recorded block reads and writes exactly** ({', '.join(bad)}; "
+                   "counts in eviction.json); the simulations are of what was served all the same.", ""]
+    md += ["| workload | flashtier | exact LRU | flashtier ÷ LRU | S3-FIFO | FIFO | LRU with flashtier's live blocks "
+           "| live | header slots | `advise --engine`: miss, live |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def replayed(r):
+        if "replayed_miss_ratio" not in r:
+            return "not run"
+        return f"{r['replayed_miss_ratio']:.1%}, {r['replayed_live_fraction']:.1%}"
+    for r in rows:
+        md.append(f"| {label(r)} | {r['flashtier_miss_ratio']:.1%} | {r['lru_miss_ratio']:.1%} | "
                   f"{r['vs_lru']:.2f}x | {r['s3fifo_miss_ratio']:.1%} | {r['fifo_miss_ratio']:.1%} | "
-                  f"{r['lru_at_live_miss_ratio']:.1%} | {r['live_fraction']:.1%} | {r['header_share']:.1%} |")
-    md += ["", *bl.targets_table(targets)]
-    bl.write_results(out, "eviction", {"machine": machine, "args": vars(args), "rows": rows}, md)
+                  f"{r['lru_at_live_miss_ratio']:.1%} | {r['live_fraction']:.1%} | {r['header_share']:.1%} | "
+                  f"{replayed(r)} |")
+    md += ["", "The last column is `flashtier advise --engine` on the trace the server recorded, replayed whole "
+           "into a real cache of the same capacity at the pace the server took it: the advisor's own flashtier "
+           "curve, against the server it stands for (`--no-replay` skips it)."]
+    rmw_rows = [r for r in rows if r.get("rmw_block_reads")]
+    if rmw_rows:
+        md += ["", "flashtier's column is its counters' ratio, read_miss_blocks ÷ (read_hit_blocks + read_miss_blocks). "
+               "A write that covers a 4K block only in part (InnoDB's redo log writes 512-byte multiples) reads "
+               "the block first, and the counters count that read as a hit or a miss too; the simulations count "
+               "such a write as an access, not a read. Over the trace's reads alone flashtier missed between "
+               "(misses − those reads) and misses ÷ the trace's block reads: " + "; ".join(
+                   f"{label(r)}: {r['rmw_block_reads']:,} such reads beside {r['trace_block_reads']:,}, "
+                   f"{r['flashtier_miss_ratio_range'][0]:.1%}–{r['flashtier_miss_ratio_range'][1]:.1%} "
+                   f"({r['flashtier_miss_ratio_range'][0] / max(r['lru_miss_ratio'], 1e-9):.2f}–"
+                   f"{r['flashtier_miss_ratio_range'][1] / max(r['lru_miss_ratio'], 1e-9):.2f}x LRU)"
+                   for r in rmw_rows) + "."]
+    md += ["", *bl.targets_table(targets), "", "![read miss ratios](eviction.png)"]
+    bl.write_results(out, "eviction", doc, md)
     plt = bl.pyplot()
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(max(9, 1.3 * len(rows) + 2), 4.8))
     xs = range(len(rows))
     w = 0.2
-    for i, (key, label, colour) in enumerate([("flashtier_miss_ratio", "flashtier", "tab:red"),
-                                               ("lru_miss_ratio", "exact LRU", "tab:blue"),
-                                               ("s3fifo_miss_ratio", "S3-FIFO", "tab:green"),
-                                               ("lru_at_live_miss_ratio", "LRU, flashtier's live blocks",
-                                                "tab:grey")]):
-        ax.bar([x + (i - 1.5) * w for x in xs], [r[key] * 100 for r in rows], w, label=label, color=colour)
-    ax.set_xticks(list(xs), [f"{r['workload']}\nlive {r['live_fraction']:.0%}" for r in rows])
+    for i, (key, name, colour) in enumerate([("flashtier_miss_ratio", "flashtier", "tab:red"),
+                                              ("lru_miss_ratio", "exact LRU", "tab:blue"),
+                                              ("s3fifo_miss_ratio", "S3-FIFO", "tab:green"),
+                                              ("lru_at_live_miss_ratio", "LRU, flashtier's live blocks",
+                                               "tab:grey")]):
+        ax.bar([x + (i - 1.5) * w for x in xs], [r[key] * 100 for r in rows], w, label=name, color=colour)
+
+    def tick(r):
+        if group_of(r) == "oltp":
+            return f"oltp\n{r['cache_bytes'] >> 20} MiB\nlive {r['live_fraction']:.0%}"
+        return f"{r['workload']}\nlive {r['live_fraction']:.0%}"
+    ax.set_xticks(list(xs), [tick(r) for r in rows], fontsize=8)
     ax.set_ylabel("read miss ratio (%)")
-    ax.set_title(f"Read misses at the same capacity ({args.cache_mib} MiB cache, {args.data_mib} MiB data)")
+    fio_sizes = {(r["cache_mib"], r["data_mib"]) for r in fio_rows}
+    sizes = "{} MiB cache over {} MiB for fio".format(*fio_sizes.pop()) if len(fio_sizes) == 1 else "fio"
+    ax.set_title(f"Read misses at the same capacity ({sizes}; oltp at the sizes shown)", fontsize=10)
     ax.legend(fontsize=8)
     bl.save_figure(fig, out / "eviction.png", args.quick)
 
 
 def check(ok, value, unit):
     return ("met" if ok else "**not met**", f"{value:.2f}{unit}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cache-mib", type=int, default=1024, help="cache file size of the fio rows (default 1024)")
+    ap.add_argument("--data-mib", type=int, default=4096, help="backing store size of the fio rows (default 4096)")
+    ap.add_argument("--ios", type=int, default=1_000_000, help="fio requests per workload (default 1,000,000)")
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="extra argument for serve, e.g. --serve-arg=--set --serve-arg=reclaim_policy=fifo")
+    ap.add_argument("--no-replay", dest="replay", action="store_false",
+                    help="skip replaying each served trace through `flashtier advise --engine` (the advisor's "
+                         "own flashtier curve against the server; about as long as the row itself)")
+    ap.add_argument("--only", metavar="NAME,...",
+                    help=f"run only these workloads ({', '.join(GROUPS)}) and merge their rows into the "
+                         "results already in --out")
+    ap.add_argument("--oltp-seconds", type=int,
+                    help="sysbench seconds while recording the oltp trace (default 180; --quick 20)")
+    ap.add_argument("--oltp-cache-pct", default="50,25",
+                    help="oltp cache sizes, percent of the data its trace touched (default 50,25)")
+    ap.add_argument("--oltp-trace", metavar="FILE",
+                    help="replay this trace for the oltp rows instead of recording one (each recording is kept "
+                         "as WORKDIR/eviction-oltp.ft, described in eviction-oltp.json beside it)")
+    bl.add_common_args(ap)
+    args = ap.parse_args()
+    args.oltp_cache_pct = [float(x) for x in args.oltp_cache_pct.split(",")]
+    if args.quick:
+        args.cache_mib, args.data_mib, args.ios = 128, 512, 100_000
+    if args.oltp_seconds is None:
+        args.oltp_seconds = 20 if args.quick else 180
+    groups = GROUPS if not args.only else args.only.split(",")
+    unknown = set(groups) - set(GROUPS)
+    if unknown:
+        ap.error(f"--only: unknown workloads {', '.join(sorted(unknown))} (workloads: {', '.join(GROUPS)})")
+    t_all = time.time()
+    if "oltp" in groups:
+        if os.geteuid() != 0 and not args.oltp_trace:
+            ap.error("recording the oltp trace needs root (loop devices, mounts): run as root, or "
+                     "--oltp-trace FILE, or leave oltp out with --only")
+        binary, work, machine = oltp.setup_run(args, "fio")
+    else:
+        binary, work, machine = bl.setup(args, "fio")
+    command = bl.command_line()
+    here = provenance(machine, vars(args), command)
+    rows = [run_fio_workload(binary, work, *w, args) for w in WORKLOADS if w[0] in groups]
+    doc = {"machine": machine, "args": vars(args), "command": command}
+    if "oltp" in groups:
+        oltp_rows, doc["oltp"] = run_oltp(binary, work, args)
+        rows += oltp_rows
+    for r in rows:
+        r["run"] = here
+    doc["ran"] = [g for g in GROUPS if g in groups]
+    out = bl.results_dir(args)
+    doc["rows"] = merge(out, rows, groups, doc) if args.only else rows
+    report(args, machine, doc["rows"], doc, out, time.time() - t_all)
+    print(f"whole run: {(time.time() - t_all) / 60:.1f} min", flush=True)
 
 
 if __name__ == "__main__":
