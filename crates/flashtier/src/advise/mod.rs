@@ -425,6 +425,23 @@ fn replay_engine(
     let scratch =
         engine_sim::Scratch::new(args.scratch_dir.as_deref().unwrap_or(&std::env::temp_dir()))?;
     let total = rows.len();
+    if let Some(x) = args.engine_speed.0 {
+        let replays = rows
+            .iter()
+            .filter(|r| {
+                engine_sim::scaled_geometry(r.blocks, rate, args.block_size, args.segment_size)
+                    .is_some()
+            })
+            .count();
+        let secs = replays as f64 * span_secs / x;
+        if secs > 600.0 {
+            eprintln!(
+                "note: {replays} replays at {x}x the recorded pace take about {:.0} minutes; \
+                 --engine-speed or fewer --sizes shorten that",
+                secs / 60.0
+            );
+        }
+    }
     for (i, row) in rows.iter_mut().enumerate() {
         let Some(geometry) =
             engine_sim::scaled_geometry(row.blocks, rate, args.block_size, args.segment_size)
