@@ -207,9 +207,8 @@ pub fn replay(
     let result = configured.and_then(|()| drive(&cache, ios, bs, pace));
     let stats = cache.stats();
     let status = cache.status();
-    if std::env::var_os("FLASHTIER_ADVISE_DEBUG").is_some() {
-        eprintln!("DBG {stats:?} {status:?}");
-    }
+    // Every counter of the replay, for `--log flashtier=debug`: why it missed what it missed.
+    tracing::debug!(?stats, ?status, "replay finished");
     cache.close()?;
     result?;
     // Every block the log wrote data to: clients' writes (less those written around the cache),
