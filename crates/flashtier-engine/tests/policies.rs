@@ -35,7 +35,12 @@ const MIB: u64 = 1 << 20;
 /// A 64 MiB cache (1 MiB segments: room for every promotion below) in front of a 64 MiB backing
 /// store holding `pattern(1, ..)`.
 fn setup(mode: Mode) -> (Arc<MemDev>, Cache) {
-    let cdev = Arc::new(MemDev::new(64 << 20));
+    setup_sized(64 << 20, mode)
+}
+
+/// [`setup`] with a cache device of `cache_bytes`.
+fn setup_sized(cache_bytes: usize, mode: Mode) -> (Arc<MemDev>, Cache) {
+    let cdev = Arc::new(MemDev::new(cache_bytes));
     let bdev = Arc::new(MemDev::new(64 << 20));
     bdev.write_at(&pattern(1, 64 << 20), 0, false).unwrap();
     format_cache(
@@ -576,18 +581,7 @@ fn promotions_settled(c: &Cache) {
 /// 4 KiB blocks, through a 16 MiB write-through cache; returns the counters of the last two
 /// passes.
 fn cycle_through(set: u64, passes: u64) -> StatsSnapshot {
-    let cdev = Arc::new(MemDev::new(16 << 20));
-    let bdev = Arc::new(MemDev::new(64 << 20));
-    bdev.write_at(&pattern(1, 64 << 20), 0, false).unwrap();
-    format_cache(
-        &*cdev,
-        64 << 20,
-        1 << 20,
-        Mode::WriteThrough,
-        flashtier_engine::ReclaimPolicy::Lru,
-    )
-    .unwrap();
-    let c = open(cdev, bdev, None).unwrap();
+    let (_bdev, c) = setup_sized(16 << 20, Mode::WriteThrough);
     let want = pattern(1, set as usize);
     let mut rng = Rng::new(11);
     let mut blocks: Vec<u64> = (0..set / 4096).collect();

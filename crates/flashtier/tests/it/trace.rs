@@ -165,6 +165,29 @@ fn a_trace_holds_what_fio_did_and_its_iolog_makes_fio_do_it_again() {
 
 /// `flashtier advise` on a trace the server recorded under fio: the reads it counts are the
 /// trace's, the curves fall with size, the recommendation lies within them, and the plot is a PNG.
+/// fio's 4K zipf 0.9 random 70/30 read/write job over `server`, with `args` (size, count, ...);
+/// it must succeed.
+fn fio_zipf(server: &Server, args: &[&str]) {
+    let uri = format!("--uri={}", server.uri);
+    let out = run_any(
+        Command::new("fio")
+            .args([
+                "--name=zipf",
+                "--ioengine=nbd",
+                &uri,
+                "--rw=randrw",
+                "--rwmixread=70",
+            ])
+            .args([
+                "--bs=4k",
+                "--random_distribution=zipf:0.9",
+                "--output=/dev/null",
+            ])
+            .args(args),
+    );
+    assert!(out.status.success(), "fio failed:\n{}", text(&out));
+}
+
 #[test]
 fn advise_reads_a_recorded_trace_and_plots_its_curves() {
     harness::require("fio");
@@ -181,19 +204,7 @@ fn advise_reads_a_recorded_trace_and_plots_its_curves() {
         "--trace",
         path_str(&trace),
     ]);
-    let out = run_any(Command::new("fio").args([
-        "--name=zipf",
-        "--ioengine=nbd",
-        &format!("--uri={}", server.uri),
-        "--rw=randrw",
-        "--rwmixread=70",
-        "--bs=4k",
-        "--random_distribution=zipf:0.9",
-        "--size=64m",
-        "--number_ios=20000",
-        "--output=/dev/null",
-    ]));
-    assert!(out.status.success(), "fio failed:\n{}", text(&out));
+    fio_zipf(&server, &["--size=64m", "--number_ios=20000"]);
     server.stop();
     let reads: u64 = requests(&trace)
         .iter()
@@ -265,22 +276,16 @@ fn advise_engine_misses_like_the_server_that_recorded_the_trace() {
         &control,
         &["--cache", path_str(&cache), "--trace", path_str(&trace)],
     );
-    let out = run_any(Command::new("fio").args([
-        "--name=zipf",
-        "--ioengine=nbd",
-        &format!("--uri={}", server.uri),
-        "--rw=randrw",
-        "--rwmixread=70",
-        "--bs=4k",
-        "--iodepth=16",
-        "--norandommap",
-        "--randrepeat=1",
-        "--random_distribution=zipf:0.9",
-        "--size=128m",
-        "--number_ios=60000",
-        "--output=/dev/null",
-    ]));
-    assert!(out.status.success(), "fio failed:\n{}", text(&out));
+    fio_zipf(
+        &server,
+        &[
+            "--size=128m",
+            "--number_ios=60000",
+            "--iodepth=16",
+            "--norandommap",
+            "--randrepeat=1",
+        ],
+    );
     let report = harness::report(&control);
     server.stop();
     let counter = |name| crate::control::counter(&report, name) as f64;
