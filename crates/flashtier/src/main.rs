@@ -113,8 +113,9 @@ enum Command {
     /// `trace from-fio`) to replay it.
     Trace(trace_cmd::TraceArgs),
     /// Estimate from a trace (`flashtier trace`) how the read miss ratio falls with the cache's
-    /// size, for exact LRU, FIFO and S3-FIFO (spatially sampled, with the error stated), and
-    /// recommend a size; `--plot` draws the curves.
+    /// size, for exact LRU, FIFO and S3-FIFO (spatially sampled, with the error stated) and, with
+    /// `--engine`, flashtier itself (the trace replayed through a real cache), and recommend a
+    /// size; `--plot` draws the curves.
     Advise(advise::AdviseArgs),
     /// Work with config files (`flashtier config check FILE`).
     Config(config_cmd::ConfigArgs),

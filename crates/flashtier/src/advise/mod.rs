@@ -78,8 +78,9 @@ pub struct AdviseArgs {
     /// Also draw the curves into this PNG file.
     #[arg(long, value_name = "FILE.png")]
     pub plot: Option<PathBuf>,
-    /// Add flashtier's own curve: replay the sample through a real cache of each size (scaled
-    /// like the sample, on sparse files in --scratch-dir), seconds per size.
+    /// Add flashtier's own curve: replay the trace's requests through a real cache of each size
+    /// (scaled like the sample, on sparse files in --scratch-dir); at the recorded pace, each size
+    /// takes as long as the trace did.
     #[arg(long)]
     pub engine: bool,
     /// Client threads replaying into the cache with --engine (requests in flight: they decide
@@ -87,8 +88,8 @@ pub struct AdviseArgs {
     #[arg(long, value_name = "N", default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=256))]
     pub engine_clients: u32,
     /// How fast --engine replays the trace: 1 = at the pace it was recorded (the default: how
-    /// far reclaim keeps up with the clients decides what the cache keeps, so a faster replay
-    /// misses more), 2 = twice as fast, `max` = as fast as the cache takes it.
+    /// far reclaim keeps up with the clients decides whether it compacts or evicts, so the pace
+    /// changes what the cache keeps), 2 = twice as fast, `max` = as fast as the cache takes it.
     #[arg(long, value_name = "X|max", default_value = "1", value_parser = parse_speed)]
     pub engine_speed: Speed,
     /// About how many block accesses --engine replays per size (it samples 64 KiB groups of
