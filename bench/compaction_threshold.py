@@ -56,36 +56,54 @@ def replay(binary, trace, size, pct, speed, scratch):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--flashtier", required=True, type=Path)
-    ap.add_argument("--trace", action="append", required=True,
+    ap.add_argument("--flashtier", type=Path)
+    ap.add_argument("--trace", action="append",
                     help="NAME=FILE:BYTES, a trace and the cache size to replay it into")
     ap.add_argument("--pcts", default="50,70,75,90")
     ap.add_argument("--speed", default="1", help="--engine-speed: 1 = the recorded pace")
     ap.add_argument("--scratch", type=Path, default=Path("/var/tmp/flashtier-bench/compaction"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/compaction_threshold"))
+    ap.add_argument("--report-only", action="store_true",
+                    help="rewrite README.md from the results.json already in --out")
     a = ap.parse_args()
+    if a.report_only:
+        write_report(a.out, json.loads((a.out / "results.json").read_text()))
+        return
+    if not a.flashtier or not a.trace:
+        ap.error("--flashtier and at least one --trace are needed (or --report-only)")
     a.scratch.mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)
     version = subprocess.run([str(a.flashtier), "--version"], capture_output=True,
                              text=True).stdout.strip()
-    rows = []
+    rows, traces = [], {}
     for spec in a.trace:
         name, rest = spec.split("=", 1)
         path, size = rest.rsplit(":", 1)
+        traces[name] = subprocess.run([str(a.flashtier), "trace", "show", path], capture_output=True,
+                                      text=True, check=True).stdout
         for pct in [int(p) for p in a.pcts.split(",")]:
             r = replay(a.flashtier, path, int(size), pct, a.speed, a.scratch)
             r.update(trace=name, file=path)
             rows.append(r)
             print(f"{name} {pct}%: miss {r['miss']:.2%} (LRU {r['lru_miss']:.2%}), "
                   f"live {r['live']:.1%}, moved {r['counters'].get('moved_blocks')}", flush=True)
-    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    (a.out / "results.json").write_text(json.dumps(
-        {"flashtier": version, "speed": a.speed, "finished": started, "rows": rows}, indent=1))
+    finished = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    results = {"command": "bench/compaction_threshold.py " + " ".join(sys.argv[1:]),
+               "flashtier": version, "speed": a.speed, "finished": finished, "traces": traces,
+               "rows": rows}
+    (a.out / "results.json").write_text(json.dumps(results, indent=1))
+    write_report(a.out, results)
+    print(a.out / "README.md")
+
+
+def write_report(out, results):
+    rows = results["rows"]
     lines = [
         "# `reclaim_compact_pct`: capacity against copying",
         "",
-        f"Command: `bench/compaction_threshold.py {' '.join(sys.argv[1:])}`  ",
-        f"{version}; finished {started}; replays at `--engine-speed {a.speed}`.",
+        f"Command: `{results['command']}`  ",
+        f"{results['flashtier']}; finished {results['finished']}; replays at "
+        f"`--engine-speed {results['speed']}`.",
         "",
         "Each trace replayed whole through a real cache (`flashtier advise --engine`, one run per "
         "row). *copied per client block*: blocks reclaim copied forward, over the blocks clients "
@@ -102,8 +120,9 @@ def main():
             f"{r['lru_miss']:.1%} | {r['miss'] / r['lru_miss']:.2f}x | {r['live']:.1%} | "
             f"{c.get('moved_blocks', 0):,} | {c.get('moved_blocks', 0) / max(client, 1):.2f} | "
             f"{c.get('evicted_blocks', 0):,} |")
-    (a.out / "README.md").write_text("\n".join(lines) + "\n")
-    print(a.out / "README.md")
+    for name, show in results.get("traces", {}).items():
+        lines += ["", f"`{name}`:", "", "```", show.rstrip(), "```"]
+    (out / "README.md").write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
