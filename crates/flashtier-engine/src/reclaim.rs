@@ -1,27 +1,26 @@
 //! Reclaim: empties segments so the log always has somewhere to go.
 //!
 //! A background thread wakes when free segments drop to the low-water mark, and empties victim
-//! segments until enough are free or waiting for a checkpoint. Garbage is collected before
-//! anything is evicted: while the sealed segment with the fewest live blocks is at most
+//! segments until enough are free or waiting for a checkpoint. Garbage is collected before anything
+//! is evicted: while the sealed segment with the fewest live blocks is at most
 //! `reclaim_compact_pct` live (default 75%, at most 90%), it is the victim and all its blocks,
-//! clean and dirty, are copied forward (*compaction*), so a cache larger than its working set
-//! never drops a block however its overwrites scatter garbage (measured under MariaDB: a cache
-//! twice the data evicted 40,000 blocks a minute, each a slow-disk read later), and a cache
-//! smaller than it stays mostly live instead of mostly garbage (a victim p% live costs p/(100-p)
-//! blocks copied per block freed: 3 at 75%; replaying a MariaDB trace, the cache ended 61% live
-//! at 50% and 77% at 75%). Compaction runs only while the
-//! free segments are above the reserve: once writers wait for space, and whenever every segment
-//! is fuller, the policy chooses (FIFO: oldest; LRU: least recently read; empty ones first) and
-//! evicts, which frees whole segments faster. For a policy victim: dirty blocks are copied forward if the victim is at most a quarter
-//! live and the cache holds less than three quarters dirty data, else written back (never
-//! dropped); blocks read since they were written are copied forward when the policy is LRU; the
-//! rest are evicted. A policy victim has at most half a segment copied, and a round copies at most
-//! half the cache from policy victims and the whole cache by compaction, so every victim frees
-//! part of a segment (a compacted one at least a tenth, a policy victim half) and a round always
-//! ends. A policy
-//! victim whose dirty blocks would have to be written back gives way to the sparsest segment if
-//! that one's can be copied instead. The victim is then quarantined until neither checkpoint
-//! recovery may start from references it (two checkpoints later: see `segments`).
+//! clean and dirty, are copied forward (*compaction*), so a cache larger than its working set never
+//! drops a block however its overwrites scatter garbage (measured under MariaDB: a cache twice the
+//! data evicted 40,000 blocks a minute, each a slow-disk read later), and a cache smaller than it
+//! stays mostly live instead of mostly garbage (a victim p% live costs p/(100-p) blocks copied per
+//! block freed: 3 at 75%; replaying a MariaDB trace, the cache ended 61% live at 50% and 77% at
+//! 75%). Compaction runs only while the free segments are above the reserve: once writers wait for
+//! space, and whenever every segment is fuller, the policy chooses (FIFO: oldest; LRU: least
+//! recently read; empty ones first) and evicts, which frees whole segments faster. For a policy
+//! victim: dirty blocks are copied forward if the victim is at most a quarter live and the cache
+//! holds less than three quarters dirty data, else written back (never dropped); blocks read since
+//! they were written are copied forward when the policy is LRU; the rest are evicted. A policy
+//! victim has at most half a segment copied, and a round copies at most half the cache from policy
+//! victims and the whole cache by compaction, so every victim frees part of a segment (a compacted
+//! one at least a tenth, a policy victim half) and a round always ends. A policy victim whose dirty
+//! blocks would have to be written back gives way to the sparsest segment if that one's can be
+//! copied instead. The victim is then quarantined until neither checkpoint recovery may start from
+//! references it (two checkpoints later: see `segments`).
 //!
 //! A failed round (e.g. the backing store refuses write-back) is retried after an exponential
 //! backoff, 100 ms doubling to 5 s, reset by a round that succeeds; dirty blocks stay meanwhile.
