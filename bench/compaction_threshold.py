@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+import benchlib as bl
+
 COUNTERS = ("moved_blocks", "evicted_blocks", "compacted_segments", "reclaimed_segments",
             "write_blocks", "promoted_blocks", "sealed_unused_blocks")
 
@@ -75,8 +77,7 @@ def main():
         ap.error("--flashtier and at least one --trace are needed (or --report-only)")
     a.scratch.mkdir(parents=True, exist_ok=True)
     a.out.mkdir(parents=True, exist_ok=True)
-    version = subprocess.run([str(a.flashtier), "--version"], capture_output=True,
-                             text=True).stdout.strip()
+    version = bl._first_line([str(a.flashtier), "--version"])
     rows, traces = [], {}
     for spec in a.trace:
         name, rest = spec.split("=", 1)
@@ -90,7 +91,7 @@ def main():
             print(f"{name} {pct}%: miss {r['miss']:.2%} (LRU {r['lru_miss']:.2%}), "
                   f"live {r['live']:.1%}, moved {r['counters'].get('moved_blocks')}", flush=True)
     finished = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    results = {"command": "bench/compaction_threshold.py " + " ".join(sys.argv[1:]),
+    results = {"command": bl.command_line(),
                "flashtier": version, "speed": a.speed, "finished": finished, "traces": traces,
                "rows": rows}
     (a.out / "results.json").write_text(json.dumps(results, indent=1))

@@ -163,8 +163,6 @@ fn a_trace_holds_what_fio_did_and_its_iolog_makes_fio_do_it_again() {
     assert!(again.contains("cannot create"), "{again}");
 }
 
-/// `flashtier advise` on a trace the server recorded under fio: the reads it counts are the
-/// trace's, the curves fall with size, the recommendation lies within them, and the plot is a PNG.
 /// fio's 4K zipf 0.9 random 70/30 read/write job over `server`, with `args` (size, count, ...);
 /// it must succeed.
 fn fio_zipf(server: &Server, args: &[&str]) {
@@ -188,6 +186,8 @@ fn fio_zipf(server: &Server, args: &[&str]) {
     assert!(out.status.success(), "fio failed:\n{}", text(&out));
 }
 
+/// `flashtier advise` on a trace the server recorded under fio: the reads it counts are the
+/// trace's, the curves fall with size, the recommendation lies within them, and the plot is a PNG.
 #[test]
 fn advise_reads_a_recorded_trace_and_plots_its_curves() {
     harness::require("fio");
