@@ -36,7 +36,9 @@
 //! of another: then the records the copy describes name the damaged segment by their checksums
 //! (the segment matching the most of them, and never one a MOVE among them copied from: reclaim's
 //! victim holds the moved data until two checkpoints later, at the same place when a run is copied
-//! from its start).
+//! from its start). When that copy is damaged too, the log went on in the segment holding the
+//! lowest-numbered later header behind a first block that is no header of this log, and the
+//! records before that header are a gap, as they would be replaying from the newest checkpoint.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -554,7 +556,16 @@ impl<'a> Walk<'a> {
     /// a header of this log, but which holds the header carrying a copy of the one expected, is
     /// where the log went on. Reads whole segments, but only after two faults (a damaged
     /// checkpoint and a damaged header). The next free segment is read whatever its first block
-    /// holds: a fault may have duplicated another header of this log there.
+    /// holds: a fault may have duplicated another header of this log there. When the copy is
+    /// damaged too (three faults), no header names the damaged one; the log went on in the
+    /// segment whose first block is not a header of this log and which holds the lowest-numbered
+    /// later header (every header numbered from the checkpoint on was written after it, and a
+    /// segment holding them is reused only two checkpoints after it is emptied): the walk then
+    /// meets the damaged first block there and records the gap up to that header, whose blocks
+    /// are unknown, as it does when replaying from the newest checkpoint. Before, the log ended
+    /// at the damaged header although later headers vouched that it was synced, and with nothing
+    /// reported (the long power-loss campaign, seed 0x34c0ffee run 588: a write-through write's
+    /// record cut while the backing store's copy of part of it was lost in the power cut).
     fn segment_with_damaged_first_header(&mut self) -> Option<u32> {
         let front = self.free.front().copied();
         let order: Vec<u32> = front
@@ -562,12 +573,27 @@ impl<'a> Walk<'a> {
             .chain((0..self.geo.segment_count).filter(|&s| Some(s) != front))
             .filter(|&s| !self.entered[s as usize])
             .collect();
-        let in_segment = order.iter().copied().find(|&seg| {
+        // The lowest-numbered later header found behind a damaged first block, and its segment.
+        let mut later: Option<(u64, u32)> = None;
+        for &seg in &order {
             let (r, _) = self.read(seg, 0);
-            (Some(seg) == front || !r.own.as_ref().is_ok_and(|h| h.log == self.log))
-                && matches!(self.successor(seg, 0, false), Some((s, _, Some(_))) if s == seg)
-        });
-        in_segment.or_else(|| self.segment_a_copy_elsewhere_describes(&order))
+            if Some(seg) != front && r.own.as_ref().is_ok_and(|h| h.log == self.log) {
+                continue;
+            }
+            match self.successor(seg, 0, false) {
+                Some((s, _, Some(_))) if s == seg => return Some(seg),
+                Some((s, p, None)) if s == seg => {
+                    if let Ok(h) = self.read(s, p).0.own {
+                        if later.is_none_or(|(seq, _)| h.seq_first < seq) {
+                            later = Some((h.seq_first, seg));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        self.segment_a_copy_elsewhere_describes(&order)
+            .or(later.map(|(_, seg)| seg))
     }
 
     /// [`Walk::segment_with_damaged_first_header`] when the damaged header's batch filled its
@@ -1564,6 +1590,139 @@ mod tests {
                 assert_eq!(opened, [damaged, went_on], "{case}");
                 assert_eq!(walk.expected, expected + 3, "{case}");
             }
+        }
+    }
+
+    /// Replaying from an older checkpoint (the newer one damaged), the continuation's first
+    /// header damaged and so is its copy in the next header of its segment: three faults. The
+    /// log goes on in the segment whose first block is no header of this log and which holds
+    /// the lowest-numbered later header; the records in between are a gap (unknown blocks, kept
+    /// as far as later headers vouch they were synced), not the end of the log. Another segment
+    /// with a later header behind a damaged first block (higher-numbered) is not taken, and the
+    /// checkpoint's next free segment may be either. Before, the walk ended at the damaged header
+    /// and reported nothing, so a synced write-through record was dropped while the backing
+    /// store's copy of part of it had been lost in the power cut (the long power-loss campaign,
+    /// seed 0x34c0ffee run 588).
+    #[test]
+    fn a_damaged_first_header_whose_copy_is_damaged_too_leaves_a_gap_not_the_end() {
+        let (dev, geo, log) = small_device();
+        let bs = geo.block_size as usize;
+        let header_at = |seg: u32, at: u32| geo.slot_offset(geo.first_slot(seg) + at);
+        let put = |h: &BatchHeader, prev: &[u8; OWN_LEN], seg: u32, at: u32| {
+            let mut block = vec![0u8; bs];
+            h.encode(prev, &mut block);
+            dev.write_at(&block, header_at(seg, at), false).unwrap();
+            let mut own = [0u8; OWN_LEN];
+            own.copy_from_slice(&block[..OWN_LEN]);
+            own
+        };
+        let header = |kind: HeaderKind, seq_first: u64, durable: u64, lbas: &[u64]| BatchHeader {
+            seq_first,
+            epoch: 1,
+            kind,
+            durable,
+            log,
+            entries: lbas
+                .iter()
+                .map(|&lba| batch::Entry {
+                    kind: Kind::Write,
+                    dirty: true,
+                    lba,
+                    nblocks: 1,
+                    aux: 0,
+                    volume: 0,
+                    data_crc: 0,
+                })
+                .collect(),
+            ordinal: 0,
+        };
+        let (expected, damaged, next, decoy, empty) = (20, 6, 3, 2, 11);
+        // The damaged segment: a batch of 5 writes whose header is gone, then an empty batch
+        // vouching for it (its copy of the lost header damaged), then a seal.
+        let lost = put(
+            &header(HeaderKind::Batch, expected, expected, &[1, 2, 3, 4, 5]),
+            &[0; OWN_LEN],
+            damaged,
+            0,
+        );
+        dev.write_at(&vec![0u8; bs], header_at(damaged, 0), false)
+            .unwrap();
+        let vouch = put(
+            &header(HeaderKind::Batch, expected + 5, expected + 5, &[]),
+            &lost,
+            damaged,
+            6,
+        );
+        let mut b = [0u8; 1];
+        let copy_byte = header_at(damaged, 6) + OWN_LEN as u64 + 40;
+        dev.read_at(&mut b, copy_byte).unwrap();
+        dev.write_at(&[b[0] ^ 0x5a], copy_byte, false).unwrap();
+        let seal = put(
+            &header(HeaderKind::Seal, expected + 5, expected + 5, &[]),
+            &vouch,
+            damaged,
+            7,
+        );
+        // The log goes on in the next segment.
+        let more = put(
+            &header(HeaderKind::Batch, expected + 5, expected + 5, &[9]),
+            &seal,
+            next,
+            0,
+        );
+        put(
+            &header(HeaderKind::Batch, expected + 6, expected + 6, &[]),
+            &more,
+            next,
+            2,
+        );
+        // A decoy: a later header, numbered higher, behind a first block of nothing.
+        put(
+            &header(HeaderKind::Batch, expected + 40, expected + 40, &[]),
+            &[0; OWN_LEN],
+            decoy,
+            4,
+        );
+        dev.write_at(&vec![0u8; bs], header_at(empty, 0), false)
+            .unwrap();
+
+        for front in [damaged, empty, decoy] {
+            let free: VecDeque<u32> = [front, next, damaged, decoy, empty]
+                .into_iter()
+                .fold(Vec::new(), |mut v, s| {
+                    if !v.contains(&s) {
+                        v.push(s);
+                    }
+                    v
+                })
+                .into();
+            let mut walk = Walk::new(&dev, geo, log, 2048, free, None, (expected, 1), true);
+            walk.run();
+            // Up to the last header of the log (the walk may go on to the decoy after it, as a
+            // gap past what any header vouches for, which replay does not take).
+            let end = walk
+                .steps
+                .iter()
+                .position(|s| {
+                    matches!(s, Step::Batch { at: 2, header, .. }
+                        if header.seq_first == expected + 6)
+                })
+                .unwrap_or_else(|| panic!("front {front}: the log's end not reached"));
+            let steps = &walk.steps[..=end];
+            let opened: Vec<u32> = steps
+                .iter()
+                .filter_map(|s| match s {
+                    Step::Open(seg) => Some(*seg),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(opened, [damaged, next], "front {front}");
+            let gap = steps.iter().any(|s| {
+                matches!(s, Step::Gap { seq_first, seq_end, to: 6 }
+                    if *seq_first == expected && *seq_end == expected + 5)
+            });
+            assert!(gap, "front {front}: no gap up to the vouching header");
+            assert!(walk.durable >= expected + 6, "front {front}");
         }
     }
 }
