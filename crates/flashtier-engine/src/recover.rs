@@ -558,11 +558,11 @@ impl<'a> Walk<'a> {
     /// checkpoint and a damaged header). The next free segment is read whatever its first block
     /// holds: a fault may have duplicated another header of this log there. When the copy is
     /// damaged too (three faults), no header names the damaged one; the log went on in the
-    /// segment whose first block is not a header of this log and which holds the lowest-numbered
-    /// later header (every header numbered from the checkpoint on was written after it, and a
-    /// segment holding them is reused only two checkpoints after it is emptied): the walk then
-    /// meets the damaged first block there and records the gap up to that header, whose blocks
-    /// are unknown, as it does when replaying from the newest checkpoint. Before, the log ended
+    /// segment whose first block is not a header of this log and which holds the
+    /// lowest-numbered header past the sequence number expected (see
+    /// [`Walk::lowest_header_past`]): the walk then meets the damaged first block there and
+    /// records the gap up to that header, whose blocks are unknown, as it does when replaying
+    /// from the newest checkpoint. Before, the log ended
     /// at the damaged header although later headers vouched that it was synced, and with nothing
     /// reported (the long power-loss campaign, seed 0x34c0ffee run 588: a write-through write's
     /// record cut while the backing store's copy of part of it was lost in the power cut).
@@ -573,27 +573,66 @@ impl<'a> Walk<'a> {
             .chain((0..self.geo.segment_count).filter(|&s| Some(s) != front))
             .filter(|&s| !self.entered[s as usize])
             .collect();
-        // The lowest-numbered later header found behind a damaged first block, and its segment.
-        let mut later: Option<(u64, u32)> = None;
+        // Segments behind a damaged first block, should no copy name the continuation.
+        let mut damaged_first = Vec::new();
         for &seg in &order {
             let (r, _) = self.read(seg, 0);
             if Some(seg) != front && r.own.as_ref().is_ok_and(|h| h.log == self.log) {
                 continue;
             }
-            match self.successor(seg, 0, false) {
-                Some((s, _, Some(_))) if s == seg => return Some(seg),
-                Some((s, p, None)) if s == seg => {
-                    if let Ok(h) = self.read(s, p).0.own {
-                        if later.is_none_or(|(seq, _)| h.seq_first < seq) {
-                            later = Some((h.seq_first, seg));
-                        }
+            if matches!(self.successor(seg, 0, false), Some((s, _, Some(_))) if s == seg) {
+                return Some(seg);
+            }
+            damaged_first.push(seg);
+        }
+        if let Some(seg) = self.segment_a_copy_elsewhere_describes(&order) {
+            return Some(seg);
+        }
+        let expected = self.expected;
+        damaged_first
+            .into_iter()
+            .filter_map(|seg| self.lowest_header_past(seg, expected).map(|seq| (seq, seg)))
+            .min()
+            .map(|(_, seg)| seg)
+    }
+
+    /// The lowest sequence number above `seq` that a header of this log after the first block
+    /// of `seg` starts at. Above, not at: a header without records (a seal, an empty batch)
+    /// numbered `seq` may have been written before the checkpoint that expects `seq` next (the
+    /// seal ending the segment the log left just before it), so only a higher number proves the
+    /// log went on after that checkpoint (found by the long campaign, seed 0x34c0ffee run 1467:
+    /// taking such a seal sent the walk back into that sealed segment, and replay dropped what
+    /// the checkpoint mapped there, dirty blocks included).
+    fn lowest_header_past(&mut self, seg: u32, seq: u64) -> Option<u64> {
+        let bs = self.geo.block_size as usize;
+        let mut lowest: Option<u64> = None;
+        let mut buf = AlignedBuf::new();
+        let mut from = 1;
+        while from < self.bps() {
+            let n = (self.bps() - from).min((SCAN_READ / bs) as u32);
+            buf.resize(n as usize * bs);
+            let slot = self.geo.first_slot(seg) + from;
+            if self
+                .dev
+                .read_at(&mut buf, self.geo.slot_offset(slot))
+                .is_ok()
+            {
+                for block in buf.chunks(bs) {
+                    let Ok(h) = BatchHeader::decode(block) else {
+                        continue;
+                    };
+                    if h.log == self.log
+                        && h.epoch >= self.epoch
+                        && h.seq_first > seq
+                        && lowest.is_none_or(|l| h.seq_first < l)
+                    {
+                        lowest = Some(h.seq_first);
                     }
                 }
-                _ => {}
             }
+            from += n;
         }
-        self.segment_a_copy_elsewhere_describes(&order)
-            .or(later.map(|(_, seg)| seg))
+        lowest
     }
 
     /// [`Walk::segment_with_damaged_first_header`] when the damaged header's batch filled its
@@ -1723,6 +1762,93 @@ mod tests {
             });
             assert!(gap, "front {front}: no gap up to the vouching header");
             assert!(walk.durable >= expected + 6, "front {front}");
+        }
+    }
+
+    /// The checkpoint recovery falls back to was written right after the log sealed a segment
+    /// and left it, so the seal at that segment's end is numbered as the checkpoint expects
+    /// next (a seal carries no records), and that segment's first header is damaged. The seal
+    /// was written before the checkpoint: the log did not go on there, and the walk must not
+    /// reopen the segment (replay would drop everything the checkpoint maps in it, dirty blocks
+    /// included). Found by the long campaign (seed 0x34c0ffee run 1467) on the first version of
+    /// the three-fault rule, which took any later header numbered from the expected one on.
+    #[test]
+    fn a_seal_numbered_as_expected_behind_a_damaged_first_block_is_not_the_continuation() {
+        let (dev, geo, log) = small_device();
+        let bs = geo.block_size as usize;
+        let bps = geo.blocks_per_segment();
+        let header_at = |seg: u32, at: u32| geo.slot_offset(geo.first_slot(seg) + at);
+        let put = |h: &BatchHeader, prev: &[u8; OWN_LEN], seg: u32, at: u32| {
+            let mut block = vec![0u8; bs];
+            h.encode(prev, &mut block);
+            dev.write_at(&block, header_at(seg, at), false).unwrap();
+            let mut own = [0u8; OWN_LEN];
+            own.copy_from_slice(&block[..OWN_LEN]);
+            own
+        };
+        let header = |kind: HeaderKind, seq_first: u64, lbas: u64| BatchHeader {
+            seq_first,
+            epoch: 1,
+            kind,
+            durable: seq_first,
+            log,
+            entries: (0..lbas)
+                .map(|lba| batch::Entry {
+                    kind: Kind::Write,
+                    dirty: true,
+                    lba,
+                    nblocks: 1,
+                    aux: 0,
+                    volume: 0,
+                    data_crc: 0,
+                })
+                .collect(),
+            ordinal: 0,
+        };
+        let (expected, sealed, stale) = (48, 4, 5);
+        // The sealed segment: a batch (its header damaged) filling it but for the seal.
+        let batch = put(
+            &header(HeaderKind::Batch, expected - 1, 1),
+            &[0; OWN_LEN],
+            sealed,
+            0,
+        );
+        put(
+            &header(HeaderKind::Seal, expected, 0),
+            &batch,
+            sealed,
+            bps - 1,
+        );
+        dev.write_at(&vec![0u8; bs], header_at(sealed, 0), false)
+            .unwrap();
+        // The checkpoint's next free segment, holding older log.
+        put(&header(HeaderKind::Batch, 8, 1), &[0; OWN_LEN], stale, 0);
+
+        let free: VecDeque<u32> = [stale, 6].into_iter().collect();
+        let mut walk = Walk::new(&dev, geo, log, 2048, free, None, (expected, 1), true);
+        walk.run();
+        let reopened = walk
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::Open(seg) if *seg == sealed));
+        assert!(
+            !reopened,
+            "{:?}",
+            walk.steps.iter().map(step_name).collect::<Vec<_>>()
+        );
+        assert_eq!(walk.expected, expected);
+    }
+
+    fn step_name(s: &Step) -> String {
+        match s {
+            Step::Open(seg) => format!("open {seg}"),
+            Step::Seal { .. } => "seal".into(),
+            Step::Batch { at, header, .. } => format!("batch {} at {at}", header.seq_first),
+            Step::Gap {
+                seq_first,
+                seq_end,
+                to,
+            } => format!("gap {seq_first}..{seq_end} to {to}"),
         }
     }
 }
