@@ -9,12 +9,10 @@ writes beyond the clients' own.
 
 Usage:
   bench/compaction_threshold.py --flashtier BIN --trace NAME=FILE:BYTES [--trace ...]
-      [--pcts 0,25,50] [--speed 1] [--out bench/results/compaction_threshold]
+      [--pcts 50,70,75,90] [--speed 1] [--out bench/results/compaction_threshold]
 
 A trace comes from `flashtier serve --trace` (bench/eviction.py leaves its MariaDB recording in
-/var/tmp/flashtier-bench/eviction-oltp.ft); BYTES is the cache size to replay it into. A build
-accepts thresholds up to its own maximum (50 on main; the results committed here are from a build
-that allowed 90, see bench/results/README.md).
+/var/tmp/flashtier-bench/eviction-oltp.ft); BYTES is the cache size to replay it into.
 """
 
 import argparse
@@ -63,7 +61,7 @@ def main():
     ap.add_argument("--flashtier", type=Path)
     ap.add_argument("--trace", action="append",
                     help="NAME=FILE:BYTES, a trace and the cache size to replay it into")
-    ap.add_argument("--pcts", default="0,25,50")
+    ap.add_argument("--pcts", default="50,70,75,90")
     ap.add_argument("--speed", default="1", help="--engine-speed: 1 = the recorded pace")
     ap.add_argument("--scratch", type=Path, default=Path("/var/tmp/flashtier-bench/compaction"))
     ap.add_argument("--out", type=Path, default=Path("bench/results/compaction_threshold"))

@@ -192,16 +192,19 @@ const DEFS: &[Param] = &[
     },
     param! {
         name: "reclaim_compact_pct",
-        // At most half: copying a victim forward must free at least half a segment.
-        range: 0..=50,
-        default: 50,
+        // At most 90 (reclaim::MAX_COMPACT_PCT): a victim copied forward must free a tenth of a
+        // segment.
+        range: 0..=90,
+        default: 75,
         doc: "Before evicting anything, reclaim empties the sealed segment with the fewest live \
               blocks by copying all of them forward, as long as that segment is at most this many \
               percent live; only when every segment is fuller does it follow reclaim_policy and \
               evict. A cache larger than its working set then keeps all of it, however scattered \
-              the garbage of overwrites. Only while reclaim is ahead of the writers: once they \
-              wait for space, reclaim evicts by the policy, which frees a segment faster. 0 = \
-              always follow reclaim_policy (evict from its victim).",
+              the garbage of overwrites, and a smaller one stays mostly live. The price is cache \
+              device writes: a victim p% live costs p/(100-p) blocks copied per block freed (1 at \
+              50, 3 at 75, 9 at 90). Only while reclaim is ahead of the writers: once they wait \
+              for space, reclaim evicts by the policy, which frees a segment faster. 0 = always \
+              follow reclaim_policy (evict from its victim).",
     },
     param! {
         name: "sequential_cutoff_read_kib",

@@ -15,7 +15,9 @@
 //!   wait for reclaim of a full cache (a deadlock reproducer).
 //! - `reclaim_compact_pct`: a working set under half the cache, overwritten at random until the
 //!   log has wrapped several times, is never evicted while compaction is on (every block still
-//!   hits, with its newest data); with it off, the same run evicts part of it.
+//!   hits, with its newest data); with it off, the same run evicts part of it. A working set of
+//!   three quarters of the cache is kept whole at the default threshold (75%) and partly evicted
+//!   at 50%.
 //! - Ghost hits (a measure, not a parameter): reading a set 1.5x the cache over and over, nearly
 //!   every miss is on a block evicted within a cache's worth of evictions and counts; at 4x the
 //!   cache, few do.
@@ -502,17 +504,17 @@ fn writes_past_the_cutoff_make_progress_through_a_full_cache() {
     }
 }
 
-/// Write-through (every cached block clean, so evictable), a 24 MiB working set written once in
-/// a 64 MiB cache, then overwritten at random with 4 KiB writes for three times the cache's size:
-/// the oldest segments are never wholly garbage, so the policy's victims hold live blocks.
-/// The writer lets reclaim stay ahead of it (compaction gives way to eviction once writers wait
-/// for space: a single writer to RAM would always outrun it). Returns the counters after reading
-/// the whole working set back (checking its data).
-fn overwrite_at_random(compact_pct: &str) -> StatsSnapshot {
+/// Write-through (every cached block clean, so evictable), a working set of `set_mib` written
+/// once in a 64 MiB cache, then overwritten at random with 4 KiB writes for three times the
+/// cache's size: the oldest segments are never wholly garbage, so the policy's victims hold live
+/// blocks. The writer lets reclaim stay ahead of it (compaction gives way to eviction once writers
+/// wait for space: a single writer to RAM would always outrun it). Returns the counters after
+/// reading the whole working set back (checking its data).
+fn overwrite_at_random(set_mib: u64, compact_pct: &str) -> StatsSnapshot {
     let (_bdev, c) = setup(Mode::WriteThrough);
     c.set_param("reclaim_compact_pct", compact_pct).unwrap();
-    const SET: u64 = 24 * MIB;
-    let mut want = pattern(2, SET as usize);
+    let set = set_mib * MIB;
+    let mut want = pattern(2, set as usize);
     write_seq(&c, 0, &want, 64 << 10);
     let mut rng = Rng::new(7);
     for i in 0..3 * 64 * MIB / 4096 {
@@ -521,7 +523,7 @@ fn overwrite_at_random(compact_pct: &str) -> StatsSnapshot {
             assert!(Instant::now() < deadline, "reclaim made no room in 10 s");
             std::thread::sleep(Duration::from_micros(200));
         }
-        let at = (rng.below(SET / 4096) * 4096) as usize;
+        let at = (rng.below(set / 4096) * 4096) as usize;
         let data = pattern(1000 + i, 4096);
         want[at..at + 4096].copy_from_slice(&data);
         c.write_at(&data, at as u64, false).unwrap();
@@ -547,15 +549,32 @@ fn read_seq_against(c: &Cache, want: &[u8], req: usize) {
 
 #[test]
 fn compaction_keeps_a_working_set_smaller_than_the_cache() {
-    let s = overwrite_at_random("50");
+    let s = overwrite_at_random(24, "50");
     assert_eq!(s.evicted_blocks, 0, "{s:?}");
     assert_eq!(s.read_miss_blocks, 0, "{s:?}");
     assert!(s.compacted_segments > 0, "{s:?}");
 }
 
+/// Three quarters of the cache's capacity in use: random overwrites leave every segment more
+/// than half live, so compacting only half-empty segments evicts, and the default threshold
+/// (75%) keeps the whole set.
+#[test]
+fn compaction_at_the_default_keeps_a_working_set_of_three_quarters_of_the_cache() {
+    let s = overwrite_at_random(SET_OF_THREE_QUARTERS, "75");
+    assert_eq!(s.evicted_blocks, 0, "{s:?}");
+    assert_eq!(s.read_miss_blocks, 0, "{s:?}");
+    let s = overwrite_at_random(SET_OF_THREE_QUARTERS, "50");
+    assert!(s.evicted_blocks > 0, "{s:?}");
+    assert!(s.read_miss_blocks > 0, "{s:?}");
+}
+
+/// About three quarters of the 64 MiB cache's capacity (its segments minus those reclaim keeps
+/// free).
+const SET_OF_THREE_QUARTERS: u64 = 44;
+
 #[test]
 fn without_compaction_the_policy_evicts_part_of_it() {
-    let s = overwrite_at_random("0");
+    let s = overwrite_at_random(24, "0");
     assert!(s.evicted_blocks > 0, "{s:?}");
     assert!(s.read_miss_blocks > 0, "{s:?}");
     assert_eq!(s.compacted_segments, 0, "{s:?}");
