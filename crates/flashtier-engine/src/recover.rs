@@ -1435,6 +1435,127 @@ mod tests {
         (dev, sb.geometry, batch::log_id(&sb.uuid))
     }
 
+    /// A small formatted device on which a test lays out a log by hand.
+    struct HandLog {
+        dev: MemDev,
+        geo: Geometry,
+        log: u64,
+    }
+
+    impl HandLog {
+        fn new() -> HandLog {
+            let (dev, geo, log) = small_device();
+            HandLog { dev, geo, log }
+        }
+
+        fn bs(&self) -> usize {
+            self.geo.block_size as usize
+        }
+
+        /// The device offset of block `at` of segment `seg`.
+        fn at(&self, seg: u32, at: u32) -> u64 {
+            self.geo.slot_offset(self.geo.first_slot(seg) + at)
+        }
+
+        /// A header of this log, epoch 1, vouching for its own first record.
+        fn header(
+            &self,
+            kind: HeaderKind,
+            seq_first: u64,
+            entries: Vec<batch::Entry>,
+        ) -> BatchHeader {
+            BatchHeader {
+                seq_first,
+                epoch: 1,
+                kind,
+                durable: seq_first,
+                log: self.log,
+                entries,
+                ordinal: 0,
+            }
+        }
+
+        /// Writes `h`, carrying `prev` as its copy of the previous header, at block `at` of
+        /// `seg`; returns its own half (what the next header carries).
+        fn put(&self, h: &BatchHeader, prev: &[u8; OWN_LEN], seg: u32, at: u32) -> [u8; OWN_LEN] {
+            let mut block = vec![0u8; self.bs()];
+            h.encode(prev, &mut block);
+            self.dev.write_at(&block, self.at(seg, at), false).unwrap();
+            let mut own = [0u8; OWN_LEN];
+            own.copy_from_slice(&block[..OWN_LEN]);
+            own
+        }
+
+        /// Writes `blocks` blocks of a pattern (`salt` tells patterns apart) at block `at` of
+        /// `seg`; returns their checksum as a record's.
+        fn data(&self, seg: u32, at: u32, blocks: usize, salt: u32) -> u32 {
+            let data: Vec<u8> = (0..blocks * self.bs())
+                .map(|b| (b as u32 * 7 + salt) as u8)
+                .collect();
+            self.dev.write_at(&data, self.at(seg, at), false).unwrap();
+            batch::data_crc(&data)
+        }
+
+        fn zero_block(&self, seg: u32, at: u32) {
+            self.dev
+                .write_at(&vec![0u8; self.bs()], self.at(seg, at), false)
+                .unwrap();
+        }
+
+        fn flip(&self, offset: u64) {
+            let mut b = [0u8; 1];
+            self.dev.read_at(&mut b, offset).unwrap();
+            self.dev.write_at(&[b[0] ^ 0x5a], offset, false).unwrap();
+        }
+
+        /// Walks the log from a checkpoint that expects `expected` next, with no open segment
+        /// and `free` its free list, as replaying from the older checkpoint does.
+        fn walk(&self, free: &[u32], expected: u64) -> Walk<'_> {
+            let mut order = Vec::new();
+            for &s in free {
+                if !order.contains(&s) {
+                    order.push(s);
+                }
+            }
+            let free = order.into_iter().collect();
+            let mut walk = Walk::new(
+                &self.dev,
+                self.geo,
+                self.log,
+                2048,
+                free,
+                None,
+                (expected, 1),
+                true,
+            );
+            walk.run();
+            walk
+        }
+    }
+
+    fn entry(kind: Kind, lba: u64, nblocks: u32, aux: u64, data_crc: u32) -> batch::Entry {
+        batch::Entry {
+            kind,
+            dirty: kind == Kind::Write,
+            lba,
+            nblocks,
+            aux,
+            volume: 0,
+            data_crc,
+        }
+    }
+
+    /// The segments a walk opened, in order.
+    fn opened(steps: &[Step]) -> Vec<u32> {
+        steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Open(seg) => Some(*seg),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Replaying from an older checkpoint, the first header of the segment the log went on in
     /// damaged, its batch filling that segment: the header carrying its copy starts yet another
     /// segment. Other segments start with a stale header of this log and with nothing; the
@@ -1444,79 +1565,44 @@ mod tests {
     /// after it vouched that it was synced (found by the power-loss campaign in CI).
     #[test]
     fn a_damaged_first_header_is_found_from_a_copy_in_another_segment() {
-        let (dev, geo, log) = small_device();
-        let bs = geo.block_size as usize;
-        let bps = geo.blocks_per_segment();
-        let header_at = |seg: u32, at: u32| geo.slot_offset(geo.first_slot(seg) + at);
-        let put = |h: &BatchHeader, prev: &[u8; OWN_LEN], seg: u32, at: u32| {
-            let mut block = vec![0u8; bs];
-            h.encode(prev, &mut block);
-            dev.write_at(&block, header_at(seg, at), false).unwrap();
-            let mut own = [0u8; OWN_LEN];
-            own.copy_from_slice(&block[..OWN_LEN]);
-            own
-        };
-        let header = |seq_first: u64, entries: Vec<batch::Entry>| BatchHeader {
-            seq_first,
-            epoch: 1,
-            kind: HeaderKind::Batch,
-            durable: seq_first,
-            log,
-            entries,
-            ordinal: 0,
-        };
+        let l = HandLog::new();
         let (expected, damaged, went_on, stale, empty) = (20, 6, 3, 9, 11);
         // Three writes of 5 blocks fill the damaged segment.
-        let mut entries = Vec::new();
-        for i in 0..3u32 {
-            let data: Vec<u8> = (0..5 * bs).map(|b| (b as u32 * 7 + i) as u8).collect();
-            dev.write_at(&data, header_at(damaged, 1 + 5 * i), false)
-                .unwrap();
-            entries.push(batch::Entry {
-                kind: Kind::Write,
-                dirty: true,
-                lba: 5 * i as u64,
-                nblocks: 5,
-                aux: 0,
-                volume: 0,
-                data_crc: batch::data_crc(&data),
-            });
-        }
-        assert_eq!(1 + 15, bps);
-        let big = put(&header(expected, entries), &[0; OWN_LEN], damaged, 0);
+        let entries = (0..3u32)
+            .map(|i| {
+                let crc = l.data(damaged, 1 + 5 * i, 5, i);
+                entry(Kind::Write, 5 * i as u64, 5, 0, crc)
+            })
+            .collect();
+        assert_eq!(1 + 15, l.geo.blocks_per_segment());
+        let batch = HeaderKind::Batch;
+        let big = l.put(
+            &l.header(batch, expected, entries),
+            &[0; OWN_LEN],
+            damaged,
+            0,
+        );
         // The header after it: an empty batch vouching for it, then one more record.
-        let vouch = put(&header(expected + 3, Vec::new()), &big, went_on, 0);
-        let invalidate = batch::Entry {
-            kind: Kind::Invalidate,
-            dirty: false,
-            lba: 40,
-            nblocks: 1,
-            aux: 0,
-            volume: 0,
-            data_crc: 0,
-        };
-        put(&header(expected + 3, vec![invalidate]), &vouch, went_on, 1);
-        put(&header(expected - 10, Vec::new()), &[0; OWN_LEN], stale, 0);
-        dev.write_at(&vec![0u8; bs], header_at(empty, 0), false)
-            .unwrap();
+        let vouch = l.put(&l.header(batch, expected + 3, Vec::new()), &big, went_on, 0);
+        let invalidate = entry(Kind::Invalidate, 40, 1, 0, 0);
+        l.put(
+            &l.header(batch, expected + 3, vec![invalidate]),
+            &vouch,
+            went_on,
+            1,
+        );
+        l.put(
+            &l.header(batch, expected - 10, Vec::new()),
+            &[0; OWN_LEN],
+            stale,
+            0,
+        );
+        l.zero_block(empty, 0);
         // One flipped byte in the damaged header's own half.
-        let mut b = [0u8; 1];
-        dev.read_at(&mut b, header_at(damaged, 0) + 100).unwrap();
-        dev.write_at(&[b[0] ^ 0x5a], header_at(damaged, 0) + 100, false)
-            .unwrap();
+        l.flip(l.at(damaged, 0) + 100);
 
         for front in [empty, stale, damaged] {
-            let free: VecDeque<u32> = [front, damaged, went_on, stale, empty]
-                .into_iter()
-                .fold(Vec::new(), |mut v, s| {
-                    if !v.contains(&s) {
-                        v.push(s);
-                    }
-                    v
-                })
-                .into();
-            let mut walk = Walk::new(&dev, geo, log, 2048, free, None, (expected, 1), true);
-            walk.run();
+            let walk = l.walk(&[front, damaged, went_on, stale, empty], expected);
             assert_eq!(
                 walk.expected,
                 expected + 4,
@@ -1551,82 +1637,46 @@ mod tests {
             (Kind::Promote, false),
             (Kind::Promote, true),
         ] {
-            let (dev, geo, log) = small_device();
-            let bs = geo.block_size as usize;
-            let header_at = |seg: u32, at: u32| geo.slot_offset(geo.first_slot(seg) + at);
-            let put = |h: &BatchHeader, prev: &[u8; OWN_LEN], seg: u32, at: u32| {
-                let mut block = vec![0u8; bs];
-                h.encode(prev, &mut block);
-                dev.write_at(&block, header_at(seg, at), false).unwrap();
-                let mut own = [0u8; OWN_LEN];
-                own.copy_from_slice(&block[..OWN_LEN]);
-                own
-            };
-            let header = |seq_first: u64, entries: Vec<batch::Entry>| BatchHeader {
-                seq_first,
-                epoch: 1,
-                kind: HeaderKind::Batch,
-                durable: seq_first,
-                log,
-                entries,
-                ordinal: 0,
-            };
-            let stripe =
-                |i: u32| -> Vec<u8> { (0..5 * bs).map(|b| (b as u32 * 7 + i) as u8).collect() };
+            let l = HandLog::new();
+            let batch = HeaderKind::Batch;
             // The victim: its old header, then the run the MOVE copies, then stale data.
-            put(&header(expected - 12, Vec::new()), &[0; OWN_LEN], victim, 0);
-            dev.write_at(&stripe(0), header_at(victim, 1), false)
-                .unwrap();
-            dev.write_at(&stripe(9), header_at(victim, 6), false)
-                .unwrap();
+            l.put(
+                &l.header(batch, expected - 12, Vec::new()),
+                &[0; OWN_LEN],
+                victim,
+                0,
+            );
+            l.data(victim, 1, 5, 0);
+            l.data(victim, 6, 5, 9);
             // The damaged segment: the first record, then two client writes, filling it.
-            let mut entries = Vec::new();
-            for i in 0..3u32 {
-                let data = stripe(i);
-                dev.write_at(&data, header_at(damaged, 1 + 5 * i), false)
-                    .unwrap();
-                let (kind, aux) = match (i, first) {
-                    (0, Kind::Move) => (Kind::Move, geo.first_slot(victim) as u64 + 1),
-                    (0, kind) => (kind, 0),
-                    _ => (Kind::Write, 0),
-                };
-                entries.push(batch::Entry {
-                    kind,
-                    dirty: kind == Kind::Write,
-                    lba: 5 * i as u64,
-                    nblocks: 5,
-                    aux,
-                    volume: 0,
-                    data_crc: batch::data_crc(&data),
-                });
-            }
-            let big = put(&header(expected, entries), &[0; OWN_LEN], damaged, 0);
-            put(&header(expected + 3, Vec::new()), &big, went_on, 0);
-            let flip = |at: u64| {
-                let mut b = [0u8; 1];
-                dev.read_at(&mut b, at).unwrap();
-                dev.write_at(&[b[0] ^ 0x5a], at, false).unwrap();
-            };
-            flip(header_at(damaged, 0) + 100);
+            let entries = (0..3u32)
+                .map(|i| {
+                    let crc = l.data(damaged, 1 + 5 * i, 5, i);
+                    let (kind, aux) = match (i, first) {
+                        (0, Kind::Move) => (Kind::Move, l.geo.first_slot(victim) as u64 + 1),
+                        (0, kind) => (kind, 0),
+                        _ => (Kind::Write, 0),
+                    };
+                    entry(kind, 5 * i as u64, 5, aux, crc)
+                })
+                .collect();
+            let big = l.put(
+                &l.header(batch, expected, entries),
+                &[0; OWN_LEN],
+                damaged,
+                0,
+            );
+            l.put(&l.header(batch, expected + 3, Vec::new()), &big, went_on, 0);
+            l.flip(l.at(damaged, 0) + 100);
             if damaged_record {
-                flip(header_at(damaged, 12) + 7);
+                l.flip(l.at(damaged, 12) + 7);
             }
 
-            let free: VecDeque<u32> = [damaged, went_on].into_iter().collect();
             // Whether or not the checkpoint's free list names the damaged segment first.
-            for free in [free.clone(), free.into_iter().rev().collect()] {
+            for free in [[damaged, went_on], [went_on, damaged]] {
                 let case = format!("{first:?}, damaged record {damaged_record}, free {free:?}");
-                let mut walk = Walk::new(&dev, geo, log, 2048, free, None, (expected, 1), true);
-                walk.run();
-                let opened: Vec<u32> = walk
-                    .steps
-                    .iter()
-                    .filter_map(|s| match s {
-                        Step::Open(seg) => Some(*seg),
-                        _ => None,
-                    })
-                    .collect();
-                assert_eq!(opened, [damaged, went_on], "{case}");
+                let walk = l.walk(&free, expected);
+                assert_eq!(opened(&walk.steps), [damaged, went_on], "{case}");
                 assert_eq!(walk.expected, expected + 3, "{case}");
             }
         }
@@ -1644,99 +1694,55 @@ mod tests {
     /// seed 0x34c0ffee run 588).
     #[test]
     fn a_damaged_first_header_whose_copy_is_damaged_too_leaves_a_gap_not_the_end() {
-        let (dev, geo, log) = small_device();
-        let bs = geo.block_size as usize;
-        let header_at = |seg: u32, at: u32| geo.slot_offset(geo.first_slot(seg) + at);
-        let put = |h: &BatchHeader, prev: &[u8; OWN_LEN], seg: u32, at: u32| {
-            let mut block = vec![0u8; bs];
-            h.encode(prev, &mut block);
-            dev.write_at(&block, header_at(seg, at), false).unwrap();
-            let mut own = [0u8; OWN_LEN];
-            own.copy_from_slice(&block[..OWN_LEN]);
-            own
-        };
-        let header = |kind: HeaderKind, seq_first: u64, durable: u64, lbas: &[u64]| BatchHeader {
-            seq_first,
-            epoch: 1,
-            kind,
-            durable,
-            log,
-            entries: lbas
-                .iter()
-                .map(|&lba| batch::Entry {
-                    kind: Kind::Write,
-                    dirty: true,
-                    lba,
-                    nblocks: 1,
-                    aux: 0,
-                    volume: 0,
-                    data_crc: 0,
-                })
-                .collect(),
-            ordinal: 0,
+        let l = HandLog::new();
+        let writes = |lbas: &[u64]| -> Vec<batch::Entry> {
+            lbas.iter()
+                .map(|&lba| entry(Kind::Write, lba, 1, 0, 0))
+                .collect()
         };
         let (expected, damaged, next, decoy, empty) = (20, 6, 3, 2, 11);
+        let (batch, seal) = (HeaderKind::Batch, HeaderKind::Seal);
         // The damaged segment: a batch of 5 writes whose header is gone, then an empty batch
         // vouching for it (its copy of the lost header damaged), then a seal.
-        let lost = put(
-            &header(HeaderKind::Batch, expected, expected, &[1, 2, 3, 4, 5]),
+        let lost = l.put(
+            &l.header(batch, expected, writes(&[1, 2, 3, 4, 5])),
             &[0; OWN_LEN],
             damaged,
             0,
         );
-        dev.write_at(&vec![0u8; bs], header_at(damaged, 0), false)
-            .unwrap();
-        let vouch = put(
-            &header(HeaderKind::Batch, expected + 5, expected + 5, &[]),
+        l.zero_block(damaged, 0);
+        let vouch = l.put(
+            &l.header(batch, expected + 5, Vec::new()),
             &lost,
             damaged,
             6,
         );
-        let mut b = [0u8; 1];
-        let copy_byte = header_at(damaged, 6) + OWN_LEN as u64 + 40;
-        dev.read_at(&mut b, copy_byte).unwrap();
-        dev.write_at(&[b[0] ^ 0x5a], copy_byte, false).unwrap();
-        let seal = put(
-            &header(HeaderKind::Seal, expected + 5, expected + 5, &[]),
+        l.flip(l.at(damaged, 6) + OWN_LEN as u64 + 40);
+        let sealed = l.put(
+            &l.header(seal, expected + 5, Vec::new()),
             &vouch,
             damaged,
             7,
         );
         // The log goes on in the next segment.
-        let more = put(
-            &header(HeaderKind::Batch, expected + 5, expected + 5, &[9]),
-            &seal,
+        let more = l.put(
+            &l.header(batch, expected + 5, writes(&[9])),
+            &sealed,
             next,
             0,
         );
-        put(
-            &header(HeaderKind::Batch, expected + 6, expected + 6, &[]),
-            &more,
-            next,
-            2,
-        );
+        l.put(&l.header(batch, expected + 6, Vec::new()), &more, next, 2);
         // A decoy: a later header, numbered higher, behind a first block of nothing.
-        put(
-            &header(HeaderKind::Batch, expected + 40, expected + 40, &[]),
+        l.put(
+            &l.header(batch, expected + 40, Vec::new()),
             &[0; OWN_LEN],
             decoy,
             4,
         );
-        dev.write_at(&vec![0u8; bs], header_at(empty, 0), false)
-            .unwrap();
+        l.zero_block(empty, 0);
 
         for front in [damaged, empty, decoy] {
-            let free: VecDeque<u32> = [front, next, damaged, decoy, empty]
-                .into_iter()
-                .fold(Vec::new(), |mut v, s| {
-                    if !v.contains(&s) {
-                        v.push(s);
-                    }
-                    v
-                })
-                .into();
-            let mut walk = Walk::new(&dev, geo, log, 2048, free, None, (expected, 1), true);
-            walk.run();
+            let walk = l.walk(&[front, next, damaged, decoy, empty], expected);
             // Up to the last header of the log (the walk may go on to the decoy after it, as a
             // gap past what any header vouches for, which replay does not take).
             let end = walk
@@ -1748,14 +1754,7 @@ mod tests {
                 })
                 .unwrap_or_else(|| panic!("front {front}: the log's end not reached"));
             let steps = &walk.steps[..=end];
-            let opened: Vec<u32> = steps
-                .iter()
-                .filter_map(|s| match s {
-                    Step::Open(seg) => Some(*seg),
-                    _ => None,
-                })
-                .collect();
-            assert_eq!(opened, [damaged, next], "front {front}");
+            assert_eq!(opened(steps), [damaged, next], "front {front}");
             let gap = steps.iter().any(|s| {
                 matches!(s, Step::Gap { seq_first, seq_end, to: 6 }
                     if *seq_first == expected && *seq_end == expected + 5)
@@ -1774,81 +1773,38 @@ mod tests {
     /// the three-fault rule, which took any later header numbered from the expected one on.
     #[test]
     fn a_seal_numbered_as_expected_behind_a_damaged_first_block_is_not_the_continuation() {
-        let (dev, geo, log) = small_device();
-        let bs = geo.block_size as usize;
-        let bps = geo.blocks_per_segment();
-        let header_at = |seg: u32, at: u32| geo.slot_offset(geo.first_slot(seg) + at);
-        let put = |h: &BatchHeader, prev: &[u8; OWN_LEN], seg: u32, at: u32| {
-            let mut block = vec![0u8; bs];
-            h.encode(prev, &mut block);
-            dev.write_at(&block, header_at(seg, at), false).unwrap();
-            let mut own = [0u8; OWN_LEN];
-            own.copy_from_slice(&block[..OWN_LEN]);
-            own
-        };
-        let header = |kind: HeaderKind, seq_first: u64, lbas: u64| BatchHeader {
-            seq_first,
-            epoch: 1,
-            kind,
-            durable: seq_first,
-            log,
-            entries: (0..lbas)
-                .map(|lba| batch::Entry {
-                    kind: Kind::Write,
-                    dirty: true,
-                    lba,
-                    nblocks: 1,
-                    aux: 0,
-                    volume: 0,
-                    data_crc: 0,
-                })
-                .collect(),
-            ordinal: 0,
-        };
+        let l = HandLog::new();
         let (expected, sealed, stale) = (48, 4, 5);
+        let one_write = vec![entry(Kind::Write, 0, 1, 0, 0)];
         // The sealed segment: a batch (its header damaged) filling it but for the seal.
-        let batch = put(
-            &header(HeaderKind::Batch, expected - 1, 1),
+        let batch = l.put(
+            &l.header(HeaderKind::Batch, expected - 1, one_write.clone()),
             &[0; OWN_LEN],
             sealed,
             0,
         );
-        put(
-            &header(HeaderKind::Seal, expected, 0),
+        let last = l.geo.blocks_per_segment() - 1;
+        l.put(
+            &l.header(HeaderKind::Seal, expected, Vec::new()),
             &batch,
             sealed,
-            bps - 1,
+            last,
         );
-        dev.write_at(&vec![0u8; bs], header_at(sealed, 0), false)
-            .unwrap();
+        l.zero_block(sealed, 0);
         // The checkpoint's next free segment, holding older log.
-        put(&header(HeaderKind::Batch, 8, 1), &[0; OWN_LEN], stale, 0);
+        l.put(
+            &l.header(HeaderKind::Batch, 8, one_write),
+            &[0; OWN_LEN],
+            stale,
+            0,
+        );
 
-        let free: VecDeque<u32> = [stale, 6].into_iter().collect();
-        let mut walk = Walk::new(&dev, geo, log, 2048, free, None, (expected, 1), true);
-        walk.run();
-        let reopened = walk
-            .steps
-            .iter()
-            .any(|s| matches!(s, Step::Open(seg) if *seg == sealed));
+        let walk = l.walk(&[stale, 6], expected);
         assert!(
-            !reopened,
+            !opened(&walk.steps).contains(&sealed),
             "{:?}",
-            walk.steps.iter().map(step_name).collect::<Vec<_>>()
+            opened(&walk.steps)
         );
         assert_eq!(walk.expected, expected);
-    }
-
-    fn step_name(s: &Step) -> String {
-        match s {
-            Step::Open(seg) => format!("open {seg}"),
-            Step::Seal { .. } => "seal".into(),
-            Step::Batch { at, header, .. } => format!("batch {} at {at}", header.seq_first),
-            Step::Gap {
-                seq_first,
-                seq_end,
-                to,
-            } => format!("gap {seq_first}..{seq_end} to {to}"),
-        }
     }
 }
