@@ -57,7 +57,8 @@ impl Default for ServerConfig {
     fn default() -> Self {
         ServerConfig {
             max_payload: 32 * 1024 * 1024,
-            threads_per_connection: 16,
+            // As `flashtier serve --threads` (its config table in flashtier-control).
+            threads_per_connection: 64,
             handshake_timeout: Duration::from_secs(10),
             max_connections: 256,
             request_memory: 1 << 30,
