@@ -58,7 +58,7 @@ impl Default for ServerConfig {
         ServerConfig {
             max_payload: 32 * 1024 * 1024,
             // As `flashtier serve --threads` (its config table in flashtier-control).
-            threads_per_connection: 64,
+            threads_per_connection: 16,
             handshake_timeout: Duration::from_secs(10),
             max_connections: 256,
             request_memory: 1 << 30,
