@@ -8,6 +8,7 @@ I/O, which is far less sensitive to noise from other processes than IOPS.
 
 import atexit
 import datetime
+import fcntl
 import json
 import math
 import os
@@ -944,7 +945,86 @@ def setup(args, *tools):
     binary = flashtier_binary(args.flashtier)
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
+    claim_workdir(work)
     return binary, work, machine_description(binary, work)
+
+
+_WORKDIR_LOCK = []  # the open lock file: the claim lasts as long as this process
+
+
+def claim_workdir(work: Path):
+    """Makes this process the only benchmark using `work`, then takes down what a run that died
+    there left behind. A run killed hard (SIGKILL, a machine restart) never gets to its cleanup:
+    its ext4 mount, loop devices and dead FUSE mount stay, and the next run, which starts by
+    removing its run directory, would fail on them. The lock file tells a dead run's leftovers
+    from a live run's: whoever holds it is alive, so anything mounted under `work` while nobody
+    holds it is a leftover."""
+    lock = open(work / ".lock", "a+")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        sys.exit(f"another benchmark is running in {work} (pid {lock.read().strip() or '?'}); "
+                 f"wait for it or pass another --workdir")
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    _WORKDIR_LOCK.append(lock)
+    release_leftovers(work)
+
+
+def _mounts_under(root: Path):
+    """(mount point, file system type, source) of every mount strictly below `root`, deepest first."""
+    found = []
+    root = os.path.realpath(root)
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            fields = line.split()
+            mnt = fields[4].replace("\\040", " ")
+            rest = fields[fields.index("-") + 1:]
+            if mnt.startswith(root + "/"):
+                found.append((mnt, rest[0], rest[1] if len(rest) > 1 else ""))
+    return sorted(found, key=lambda m: -len(m[0]))
+
+
+def _loops_under(root: Path):
+    """Loop devices whose backing file is below `root`."""
+    root = os.path.realpath(root)
+    loops = []
+    for backing in Path("/sys/block").glob("loop*/loop/backing_file"):
+        try:
+            file = backing.read_text().strip()
+        except OSError:
+            continue
+        if file.startswith(root + "/"):
+            loops.append(f"/dev/{backing.parent.parent.name}")
+    return loops
+
+
+def release_leftovers(work: Path):
+    """Takes down what a dead run left under `work`: the file systems mounted from loop devices on
+    its files, those loop devices, then its nbdfuse mounts, in that order (each holds the next).
+    Nothing else is touched, so a --workdir that holds other mounts keeps them."""
+    def leftovers():
+        loops = _loops_under(work)
+        mounts = _mounts_under(work)
+        return ([m for m in mounts if m[2] in loops], loops,
+                [m for m in mounts if m[1] == "fuse" and m[2] in ("/dev/fuse", "nbdfuse")])
+    on_loops, loops, fuses = leftovers()
+    for mnt, fstype, dev in on_loops:
+        print(f"note: unmounting {mnt} ({fstype} on {dev}), left by an interrupted run", flush=True)
+        if _run_quiet(["umount", mnt]).returncode != 0:
+            _run_quiet(["umount", "-l", mnt])
+    for dev in loops:
+        print(f"note: detaching {dev}, left by an interrupted run", flush=True)
+        _run_quiet(["losetup", "-d", dev])
+    for mnt, _, _ in fuses:
+        print(f"note: unmounting {mnt} (FUSE), left by an interrupted run", flush=True)
+        if _run_quiet(["fusermount3", "-u", mnt]).returncode != 0:
+            _run_quiet(["fusermount3", "-uz", mnt])
+    deadline = time.monotonic() + 20
+    while any(leftovers()) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def targets_table(targets):
