@@ -50,7 +50,8 @@ ON; flashtier write-back's per-10 s TPS CV ≤ ssd-direct's.
 
 --profile runs ft-wb at the base factors once instead, and during its measured run records
 `perf stat` (context switches, CPU migrations, syscalls) of flashtier, mariadbd and nbdfuse for 20 s,
-`perf record -g` of flashtier for 20 s and `strace -c -f` of flashtier for 10 s; it writes
+`perf record -e cpu-clock -g` of flashtier for 20 s (cpu-clock: a software event, named since this
+machine's VM has no hardware counters) and `strace -c -f` of flashtier for 10 s; it writes
 oltp_profile_raw.{md,json}.
 
 Writes bench/results/oltp.{md,json,png} (--quick: /tmp/flashtier-bench-quick). Needs root (loop
@@ -501,7 +502,8 @@ def profile_windows(t0, args, ft, db, fuse, rd):
                                     "nbdfuse": bl.proc_cpu_seconds(fuse.pid) - cpu0["nbdfuse"]}
     out["windows"]["perf_stat"] = (0, ws)
     perf_data = rd.parent / "oltp-profile-perf.data"
-    rec = subprocess.Popen(["perf", "record", "-g", "-o", str(perf_data), "-p", str(ft.pid)],
+    rec = subprocess.Popen(["perf", "record", "-e", "cpu-clock", "-F", "1000", "-g", "-o", str(perf_data),
+                            "-p", str(ft.pid)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_until(2 * ws)
     rec.send_signal(signal.SIGINT)
@@ -737,7 +739,7 @@ def profile_report(args, machine, rec, out):
     lines = bl.results_header("Profile: flashtier write-back under MariaDB + sysbench (raw)", machine, args.quick)
     lines += [f"Cell: {cell_label(Cell(**rec['cell']))}; measured run {args.seconds} s at "
               f"{rec['sysbench']['tps']:.1f} TPS (p95 {rec['sysbench']['p95_ms']:.1f} ms). Windows (seconds of the "
-              f"measured run): perf stat {prof['windows']['perf_stat']}, perf record -g of flashtier "
+              f"measured run): perf stat {prof['windows']['perf_stat']}, perf record -e cpu-clock -g of flashtier "
               f"{prof['windows']['perf_record']}, strace -c -f of flashtier {prof['windows']['strace']} (strace slows "
               "the server; its counts are per window, not per transaction).", "",
               "Per transaction during the perf stat window (transactions from sysbench's 10 s reports):", "",
