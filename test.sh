@@ -41,6 +41,9 @@ step "unit and integration tests"
 export FLASHTIER_LONG=$long
 cargo test --workspace --locked --release -- --test-threads="${FLASHTIER_TEST_THREADS:-2}"
 
+step "benchmarks clear what a killed run left in their work directory (scripts/bench-leftovers-test.py)"
+./scripts/bench-leftovers-test.py
+
 step "OLTP benchmark, quick validation: MariaDB + sysbench on ext4 over each storage stack (bench/oltp.py --quick)"
 # The release binary the tests just built; results go to /tmp/flashtier-bench-quick, never bench/results.
 FLASHTIER_BIN="${CARGO_TARGET_DIR:-target}/release/flashtier" ./bench/oltp.py --quick
