@@ -332,10 +332,12 @@ mod tests {
         let dir = std::env::temp_dir();
         let scratch = Scratch::new(&dir).unwrap();
         // 1,000 blocks read twenty times over, in a 4,096-block cache. Promotion is asynchronous
-        // (a promotion lingers up to 20 ms for company), so a pass that follows fast may miss
-        // again what the last one promoted: the first passes, not the later ones.
-        let ios: Vec<Io> = (0..20)
-            .flat_map(|_| (0..1000u64).map(|b| Io::of(Access::Read(b * 7), 0)))
+        // (a promotion lingers up to 20 ms for company, and a loaded machine delays it more), so
+        // a pass that followed at once could miss again what the last one promoted: the passes
+        // are 100 ms apart, as a client's would be (all at once, the test missed 4,501 times
+        // once under CI's load).
+        let ios: Vec<Io> = (0..20u64)
+            .flat_map(|pass| (0..1000u64).map(move |b| Io::of(Access::Read(b * 7), pass * 100_000)))
             .collect();
         let run = replay(
             &scratch,
