@@ -348,6 +348,12 @@ def _run_quiet(argv):
     return subprocess.run([str(a) for a in argv], capture_output=True, text=True)
 
 
+def _unmount(mnt):
+    """Unmounts `mnt`, lazily (detached now, gone once nothing uses it) if it is busy."""
+    if _run_quiet(["umount", mnt]).returncode != 0:
+        _run_quiet(["umount", "-l", mnt])
+
+
 def _run_checked(argv, what=None):
     out = _run_quiet(argv)
     if out.returncode != 0:
@@ -379,8 +385,7 @@ class LoopMount:
 
     def umount(self):
         if self.mnt is not None:
-            if _run_quiet(["umount", self.mnt]).returncode != 0:
-                _run_quiet(["umount", "-l", self.mnt])
+            _unmount(self.mnt)
             self.mnt = None
 
     def stop(self):
@@ -1013,8 +1018,7 @@ def release_leftovers(work: Path):
     on_loops, loops, fuses = leftovers()
     for mnt, fstype, dev in on_loops:
         print(f"note: unmounting {mnt} ({fstype} on {dev}), left by an interrupted run", flush=True)
-        if _run_quiet(["umount", mnt]).returncode != 0:
-            _run_quiet(["umount", "-l", mnt])
+        _unmount(mnt)
     for dev in loops:
         print(f"note: detaching {dev}, left by an interrupted run", flush=True)
         _run_quiet(["losetup", "-d", dev])
