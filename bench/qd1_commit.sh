@@ -9,9 +9,11 @@
 # usage: bench/qd1_commit.sh BUILD_A BUILD_B [ROUNDS=3] [SECONDS=10] [WORKDIR=/tmp/flashtier-qd1]
 # e.g.   bench/qd1_commit.sh target-before/release/flashtier target/release/flashtier
 # The cache file (1 GiB) is in WORKDIR, written through once before the first round and
-# reformatted for each: a sparse file would make every log write allocate blocks, and every
-# FLUSH commit the filesystem's journal, which a real cache device does not. The backing file
-# (1 GiB, sparse) is in /dev/shm.
+# reformatted for each: a file with unallocated or unwritten blocks would make log writes
+# allocate them, and every FLUSH commit the filesystem's journal, which a real cache device does
+# not. Builds before `format` wrote its cache file once (`--no-prewrite` now) left the file's
+# middle unwritten at each format, so their rounds, and the raw file's after them, paid that
+# (bench/results/qd1_prewrite). The backing file (1 GiB, sparse) is in /dev/shm.
 set -euo pipefail
 A=$1; B=$2; ROUNDS=${3:-3}; SECS=${4:-10}; WORK=${5:-/tmp/flashtier-qd1}
 for tool in fio python3; do command -v $tool >/dev/null || { echo "needs $tool" >&2; exit 2; }; done

@@ -9,7 +9,7 @@ use flashtier_engine::{
     format, read_superblock, BackingIdentity, EngineError, FormatError, FormatOptions, Mode,
     ReclaimPolicy, DEFAULT_BLOCK_SIZE,
 };
-use flashtier_io::{signature, AlignedBuf, BlockDev, ZeroOpts};
+use flashtier_io::{signature, write_zero_buffers, AlignedBuf, BlockDev, ZeroOpts};
 
 use crate::backing::{
     backing_identity, open_backing, open_cache_device, refuse_backing_as_cache, BackingOptions,
@@ -62,6 +62,16 @@ pub struct FormatArgs {
     /// file is probed through a scratch file in its directory, a block device directly.
     #[arg(long)]
     pub no_probe: bool,
+
+    /// For a cache file: skip writing zeroes over all of it. By default format writes every
+    /// block of a cache file once (one sequential pass), because a block the file system holds
+    /// allocated but unwritten (a new file, or a zeroed range) costs on its first write: the
+    /// file system records the block as written, and the next FLUSH commits its journal for it.
+    /// Skipped, format is quicker, but until the log has written the whole file once, writes
+    /// and FLUSHes are slower (measured on ext4, 4K write + FLUSH at QD1: FLUSH p50 148 µs
+    /// instead of 71 µs). A block device is never written over: it is zeroed by discarding.
+    #[arg(long)]
+    pub no_prewrite: bool,
 }
 
 fn parse_block_size(s: &str) -> Result<u32, String> {
@@ -132,7 +142,7 @@ fn format_device(
     if existed && std::fs::metadata(&args.cache)?.is_file() {
         allocate_cache_file(Path::new(&args.cache), dev.info().size)?;
     }
-    clear_device(&*dev, &args.cache)?;
+    clear_device(&*dev, &args.cache, !args.no_prewrite)?;
 
     let sb = format(
         &*dev,
@@ -198,10 +208,13 @@ fn quick_probe(cache: &str) {
 /// Clears what the device held, so that nothing of it is mistaken for part of the new cache
 /// or for what the device was before: another tool's signatures (blkid, mount and udev look
 /// at the start and the end), an earlier cache's batch headers (the dirty-data scan would
-/// count them if this cache's superblocks were ever lost). The ends are written; the rest is
-/// zeroed where that is fast (a file's `FALLOC_FL_ZERO_RANGE`, which keeps it allocated; a
-/// device's zeroing discard), else left as it is.
-fn clear_device(dev: &dyn BlockDev, name: &str) -> anyhow::Result<()> {
+/// count them if this cache's superblocks were ever lost). The ends are written; the rest of a
+/// cache file is written with zeroes when `prewrite` (see `--no-prewrite`: a file zeroed with
+/// `FALLOC_FL_ZERO_RANGE`, or just allocated, has unwritten blocks, and each first write to
+/// one costs the file system a journal commit at the next FLUSH), else zeroed with
+/// `FALLOC_FL_ZERO_RANGE`, which keeps it allocated; a block device's by a zeroing discard
+/// where it has one, else it is left as it is.
+fn clear_device(dev: &dyn BlockDev, name: &str, prewrite: bool) -> anyhow::Result<()> {
     let size = dev.info().size;
     let len = (signature::PROBE_LEN as u64).min(size);
     let zeroes = AlignedBuf::zeroed(len as usize);
@@ -211,6 +224,18 @@ fn clear_device(dev: &dyn BlockDev, name: &str) -> anyhow::Result<()> {
             .with_context(|| format!("cannot clear {name}"))?;
     }
     let block = std::fs::metadata(name).is_ok_and(|m| !m.is_file());
+    if prewrite && !block {
+        if tail > len {
+            eprintln!(
+                "flashtier: writing zeroes over {name} once ({}), so that the cache's first \
+                 writes do not allocate blocks on the file system (--no-prewrite skips this)",
+                fmt_bytes(size)
+            );
+            write_zero_buffers(dev, len, tail - len, true)
+                .with_context(|| format!("cannot write zeroes over {name}"))?;
+        }
+        return Ok(());
+    }
     let zeroed = dev.write_zeroes(
         0,
         size,
