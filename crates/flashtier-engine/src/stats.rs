@@ -49,6 +49,9 @@ counters! {
     write_blocks,
     /// Written blocks that replaced a cached version.
     write_hit_blocks,
+    /// Edge blocks of writes smaller than a block that needed no read: the previous partial
+    /// write of the block was remembered (`cache::partial_blocks`).
+    partial_write_blocks_from_memory,
     /// Blocks cached after a read miss.
     promoted_blocks,
     /// Promotions dropped because a write raced with them.

@@ -1357,3 +1357,76 @@ fn writes_around_the_cache_are_not_atomic() {
         "an 8 KiB write-around write was torn by the backing store"
     );
 }
+
+/// A partial write takes the block it starts in from memory when the previous partial write of
+/// that block is still what the block holds (`cache::partial_blocks`), and reads it whenever
+/// anything changed the block since: a whole-block write, a trim, write-zeroes, a write around
+/// the cache, a reclaim pass. Each step is checked byte for byte, so a remembered block used
+/// after any of these fails the test.
+#[test]
+fn a_remembered_partial_block_is_used_only_while_the_block_still_holds_it() {
+    let (_rail, _cdev, _bdev, c) = setup(Mode::WriteBack, 1 << 20);
+    let at = 3 * BS;
+    let mut expected = read_block(&c, 3);
+    let from_memory = |c: &Cache| c.stats().partial_write_blocks_from_memory;
+    // The first byte where block 3 differs from `expected`, if any.
+    let differs = |c: &Cache, expected: &[u8]| {
+        let got = read_block(c, 3);
+        (0..got.len()).find(|&i| got[i] != expected[i])
+    };
+    let patch = |c: &Cache, expected: &mut Vec<u8>, off: u64, len: usize, byte: u8| {
+        c.write_at(&vec![byte; len], at + off, false).unwrap();
+        expected[off as usize..off as usize + len].fill(byte);
+        assert_eq!(
+            differs(c, expected),
+            None,
+            "after {len} bytes of {byte:#x} at {off}"
+        );
+    };
+
+    // An appending writer: the second write starts in the block the first ended in.
+    patch(&c, &mut expected, 512, 1000, 0xa1);
+    let before = from_memory(&c);
+    patch(&c, &mut expected, 1512, 500, 0xa2);
+    assert_eq!(from_memory(&c), before + 1, "the block was read again");
+
+    // Whatever replaced the block since: its next partial write reads it.
+    /// What replaces the block, and how that changes what it should read.
+    type Change<'a> = (&'a str, &'a dyn Fn(&Cache, &mut Vec<u8>));
+    let changes: [Change; 5] = [
+        ("a whole-block write", &|c, exp| {
+            c.write_at(&[0xb0; BS as usize], at, false).unwrap();
+            exp.fill(0xb0);
+        }),
+        ("a trim", &|c, exp| {
+            c.trim(at, BS).unwrap();
+            *exp = read_block(c, 3);
+        }),
+        ("write-zeroes", &|c, exp| {
+            c.write_zeroes(at, BS, ZeroOpts::default()).unwrap();
+            exp.fill(0);
+        }),
+        ("a write around the cache", &|c, exp| {
+            c.set_mode(Mode::WriteAround).unwrap();
+            c.write_at(&[0xe0; BS as usize], at, false).unwrap();
+            c.set_mode(Mode::WriteBack).unwrap();
+            exp.fill(0xe0);
+        }),
+        ("a reclaim pass", &|c, _| c.reclaim_now().unwrap()),
+    ];
+    for (i, (what, change)) in changes.iter().enumerate() {
+        let byte = 0x10 * (i as u8 + 1);
+        patch(&c, &mut expected, 100, 50, byte);
+        change(&c, &mut expected);
+        assert_eq!(differs(&c, &expected), None, "after {what}");
+        let before = from_memory(&c);
+        patch(&c, &mut expected, 200, 30, byte + 1);
+        if i < 4 {
+            assert_eq!(
+                from_memory(&c),
+                before,
+                "after {what}: a remembered block was used"
+            );
+        }
+    }
+}

@@ -18,13 +18,16 @@
 //!   are zeroed in the cache; partial blocks at the edges are zeroed through the write path).
 //!
 //! What every cached write goes through first (its blocks held, a read-modify-write for partial
-//! blocks) is in `write`; the backing store's own reads and writes in `pass_through`.
+//! blocks, which takes the block the previous partial write of it ended in from
+//! `partial_blocks` when that is still what the block holds) is in `write`; the backing store's
+//! own reads and writes in `pass_through`.
 //! **Sequential cutoffs** ([`crate::policy::sequential`]) and **n-hit promotion**
 //! ([`crate::policy::admission`]) are decided in `plan` and `read`; prefetch promotes regardless
 //! of both.
 
 mod detach;
 mod params;
+mod partial_blocks;
 mod pass_through;
 mod plan;
 mod read;
@@ -141,6 +144,8 @@ pub struct Cache {
     info: DevInfo,
     threads: parking_lot::Mutex<Threads>,
     report: OpenReport,
+    /// What partial writes left in the blocks they ended in (`partial_blocks`).
+    partials: partial_blocks::RecentPartials,
 }
 
 #[derive(Default)]
@@ -183,6 +188,7 @@ impl Cache {
         let writer = Writer::new(writer_parts(&e), &start).spawn();
         let reclaimer = crate::reclaim::spawn(e.clone());
         let cleaner = crate::writeback::spawn(e.clone());
+        let block_size = e.geo.block_size as usize;
         let info = DevInfo {
             size: backing.info().size,
             read_only: false,
@@ -203,6 +209,7 @@ impl Cache {
                 cleaner: Some(cleaner),
             }),
             report,
+            partials: partial_blocks::RecentPartials::new(block_size),
         };
         if !cache.mode().keeps_dirty_data() && cache.report.dirty_blocks > 0 {
             tracing::info!(

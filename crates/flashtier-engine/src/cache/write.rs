@@ -110,21 +110,39 @@ impl Cache {
         // every other writer of these blocks so nothing lands between the read and the write.
         let _exclusive = ranges.lock(first, last - first, Hold::Exclusive);
         let mut data = AlignedBuf::zeroed(((last - first) * bs) as usize);
+        let tail_at = ((last - 1 - first) * bs) as usize;
         if !offset.is_multiple_of(bs) {
-            self.read_blocks(first, 1, &mut data[..bs as usize], Promote::Never)?;
+            self.read_edge(first, &mut data[..bs as usize])?;
         }
         if !end.is_multiple_of(bs) && (last - 1 > first || offset.is_multiple_of(bs)) {
-            let at = ((last - 1 - first) * bs) as usize;
-            self.read_blocks(last - 1, 1, &mut data[at..at + bs as usize], Promote::Never)?;
+            self.read_edge(last - 1, &mut data[tail_at..tail_at + bs as usize])?;
         }
         let skip = (offset - first * bs) as usize;
         data[skip..skip + buf.len()].copy_from_slice(buf);
-        match plan {
+        let written = match plan {
             WritePlan::PastCutoff(mode) => {
                 self.write_past_cutoff(mode, first, Payload::Data(&data), fua, RmwHeld::ByCaller)
             }
             plan => self.write_planned(plan, first, &data, fua),
+        };
+        if written.is_ok() && !end.is_multiple_of(bs) {
+            // The block the next write of an appending writer starts in.
+            let e = &*self.e;
+            self.partials
+                .remember(&e.state, &e.geo, last - 1, &data[tail_at..]);
         }
+        written
+    }
+
+    /// One edge block of a partial write: from `partial_blocks` when it remembers what the block
+    /// holds, else read through the cache (never promoted).
+    fn read_edge(&self, lba: u64, out: &mut [u8]) -> io::Result<()> {
+        let e = &*self.e;
+        if self.partials.fill(&e.state, &e.geo, lba, out) {
+            Stats::add(&e.stats.partial_write_blocks_from_memory, 1);
+            return Ok(());
+        }
+        self.read_blocks(lba, 1, out, Promote::Never)
     }
 
     /// Whole-block writes, as `plan` says (one of a mode's own; see `write_past_cutoff` for the
