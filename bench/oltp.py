@@ -110,6 +110,15 @@ def base_cell(config, page_kib=16, doublewrite=True, cache_factor=2.0):
     return Cell(config, page_kib, doublewrite, cache_factor if config in CACHED else None)
 
 
+def cell_of_key(key):
+    """The cell a key names when it is a cached configuration's cell at any cache factor
+    (e.g. ft-wb/16k/dwon/cache10x), else None."""
+    m = re.fullmatch(r"([a-z-]+)/(4|16)k/dw(on|off)/cache([0-9]+(?:\.[0-9]+)?)x", key)
+    if not m or m[1] not in CACHED or float(m[4]) <= 0:
+        return None
+    return Cell(m[1], int(m[2]), m[3] == "on", float(m[4]))
+
+
 def full_matrix():
     cells = [base_cell(c) for c in CONFIGS]
     cells += [base_cell(c, doublewrite=False) for c in ("ft-wb", "ssd-direct", "ssd-pagecache")]
@@ -815,7 +824,9 @@ def main():
                          "--quick, the base cell of each")
     ap.add_argument("--cells", metavar="KEY,...",
                     help="run only these cells of the full matrix, by key as the report names them "
-                         "(e.g. ft-wb/16k/dwon/cache2x,ssd-direct/16k/dwon); combines with --only")
+                         "(e.g. ft-wb/16k/dwon/cache2x,ssd-direct/16k/dwon); combines with --only. A "
+                         "cached configuration's cell may name any cache factor (e.g. "
+                         "ft-wb/16k/dwon/cache10x: a cache that reclaim never has to empty in a run)")
     ap.add_argument("--profile", action="store_true",
                     help="profile one ft-wb run (base factors) instead of the matrix: perf stat, perf record, "
                          "strace -c; writes oltp_profile_raw.{md,json}")
@@ -842,11 +853,15 @@ def main():
             [c for c in cells if c.config in wanted]
     if args.cells:
         keys = args.cells.split(",")
-        unknown = set(keys) - {cell_key(c) for c in full_matrix()}
+        matrix = {cell_key(c) for c in full_matrix()}
+        outside = {k: cell_of_key(k) for k in keys if k not in matrix}
+        unknown = [k for k, c in outside.items() if c is None]
         if unknown:
             ap.error(f"--cells: not in the matrix: {', '.join(sorted(unknown))} "
-                     f"(cells: {', '.join(cell_key(c) for c in full_matrix())})")
-        cells = [c for c in cells if cell_key(c) in keys]
+                     f"(cells: {', '.join(cell_key(c) for c in full_matrix())}, or a cached "
+                     "configuration's cell at another cache factor)")
+        extra = [c for c in outside.values() if not args.only or c.config in args.only.split(",")]
+        cells = [c for c in cells + extra if cell_key(c) in keys]
         if not cells:
             ap.error("--cells: none of these cells is in the selected matrix")
     images = {p: prepared_image(args, work, p) for p in sorted({c.page_kib for c in cells}, reverse=True)}
