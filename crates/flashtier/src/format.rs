@@ -191,7 +191,8 @@ fn quick_probe(cache: &str) {
         Ok(v) if v.level == crate::probe::Level::Ok => {}
         Ok(v) => {
             eprintln!(
-                "flashtier: warning: {cache} looks {} for a write-back cache device ({});                  `flashtier probe` measures it in full:",
+                "flashtier: warning: {cache} looks {} for a write-back cache device ({}); \
+                 `flashtier probe` measures it in full:",
                 if v.level == crate::probe::Level::Unfit { "unfit" } else { "poor" },
                 v.level.as_str()
             );
