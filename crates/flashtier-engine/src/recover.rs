@@ -21,7 +21,9 @@
 //!
 //! A damaged header is read from its successor, which carries a copy of it (checked on its own,
 //! so even a successor whose own header is damaged still gives it): so a damaged header costs
-//! nothing but the scan to find the successor. If both are gone, the records in between
+//! nothing but the scan to find the successor. A header whose own copy of its predecessor is
+//! damaged checks out but cannot show that it follows the header before it: it is replayed like
+//! a header read from a copy, only where a later header vouches for it. If both are gone, the records in between
 //! are reported as lost with blocks unknown, and replay goes on after them (only if proven
 //! durable, as above) from the nearest later header. Every clean block cached before such a gap
 //! is dropped (the gap may have invalidated it); dirty blocks are kept, and may be older than a
@@ -321,13 +323,15 @@ enum Step {
     /// The log went on in this segment.
     Open(u32),
     /// The log left the open segment: a SEAL header (its own half, and whether that is the copy
-    /// its successor carries because the header itself was damaged), or the segment was full.
+    /// its successor carries because the header itself was damaged, or its copy of the previous
+    /// header was damaged), or the segment was full.
     Seal {
         header: Option<(BatchHeader, Box<[u8; OWN_LEN]>)>,
         from_copy: bool,
     },
     /// A batch at block `at` of the open segment; `from_copy`: its own header was damaged and
-    /// this is the copy its successor carries.
+    /// this is the copy its successor carries, or its own copy of the previous header was
+    /// damaged (either way, nothing but a later header's `durable` proves it is the log's).
     Batch {
         at: u32,
         header: BatchHeader,
@@ -841,8 +845,18 @@ impl<'a> Walk<'a> {
             let (r, own) = self.read(seg, at);
             match r.own {
                 Ok(h) if self.continues(&h, at) && self.follows_last() => {
+                    // Its copy of the previous header is damaged, so nothing shows that it
+                    // follows the header accepted last: it counts as a header read from a copy
+                    // does (replayed if a later header vouches for it, else the torn tail). An
+                    // intact copy that differs refuses it (`follows_last`); without this, damage
+                    // to the copy let replay go past where the undamaged log ended (the long
+                    // power-loss campaign, seed 0x35c0ffee run 1215: after a power cut that kept
+                    // a batch whose predecessor was rewritten, the undamaged image ended at it,
+                    // the damaged one replayed it and the next).
+                    let unproven =
+                        self.last_own.is_some() && BatchHeader::decode_prev(&self.block).is_err();
                     self.accept(&h);
-                    self.push_header(at, h, own, false);
+                    self.push_header(at, h, own, unproven);
                     if self.ended {
                         return;
                     }
@@ -1087,7 +1101,7 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
                     }
                     tracing::warn!(
                         seq = header.seq_first,
-                        "damaged log header read from its copy"
+                        "damaged log header (read from its copy, or its copy of the one before damaged)"
                     );
                     damage.push(Damage::Header {
                         seq: header.seq_first,
@@ -1761,6 +1775,56 @@ mod tests {
             });
             assert!(gap, "front {front}: no gap up to the vouching header");
             assert!(walk.durable >= expected + 6, "front {front}");
+        }
+    }
+
+    /// A header whose own half checks out but whose copy of the previous header is damaged is
+    /// taken as a header read from its successor's copy is (`from_copy`): replay keeps it only
+    /// where a later header vouches for it. With its copy intact it is an ordinary step. Before,
+    /// it was an ordinary step either way, so damage to the copy let replay go on past a torn
+    /// tail that the undamaged image ended at (the campaign, seed 0x35c0ffee run 1215).
+    #[test]
+    fn a_header_whose_copy_of_the_previous_one_is_damaged_is_not_proven_to_follow_it() {
+        for damage_copy in [false, true] {
+            let l = HandLog::new();
+            let (expected, seg) = (30, 2);
+            let one = || vec![entry(Kind::Invalidate, 7, 3, 0, 0)];
+            let a = l.put(
+                &l.header(HeaderKind::Batch, expected, one()),
+                &[0; OWN_LEN],
+                seg,
+                0,
+            );
+            let b = l.put(
+                &l.header(HeaderKind::Batch, expected + 1, one()),
+                &a,
+                seg,
+                1,
+            );
+            l.put(
+                &l.header(HeaderKind::Batch, expected + 2, one()),
+                &b,
+                seg,
+                2,
+            );
+            if damage_copy {
+                // Block 1's copy of block 0's header (its second half), not its own header.
+                l.flip(l.at(seg, 1) + OWN_LEN as u64 + 100);
+            }
+            let walk = l.walk(&[seg], expected);
+            let steps: Vec<(u32, bool)> = walk
+                .steps
+                .iter()
+                .filter_map(|s| match s {
+                    Step::Batch { at, from_copy, .. } => Some((*at, *from_copy)),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(
+                steps,
+                vec![(0, false), (1, damage_copy), (2, false)],
+                "copy damaged: {damage_copy}"
+            );
         }
     }
 

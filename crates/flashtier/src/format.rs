@@ -193,7 +193,11 @@ fn quick_probe(cache: &str) {
             eprintln!(
                 "flashtier: warning: {cache} looks {} for a write-back cache device ({}); \
                  `flashtier probe` measures it in full:",
-                if v.level == crate::probe::Level::Unfit { "unfit" } else { "poor" },
+                if v.level == crate::probe::Level::Unfit {
+                    "unfit"
+                } else {
+                    "poor"
+                },
                 v.level.as_str()
             );
             for r in &v.reasons {
