@@ -850,9 +850,10 @@ impl<'a> Walk<'a> {
                     // does (replayed if a later header vouches for it, else the torn tail). An
                     // intact copy that differs refuses it (`follows_last`); without this, damage
                     // to the copy let replay go past where the undamaged log ended (the long
-                    // power-loss campaign, seed 0x35c0ffee run 1215: after a power cut that kept
-                    // a batch whose predecessor was rewritten, the undamaged image ended at it,
-                    // the damaged one replayed it and the next).
+                    // power-loss campaign, seed 0x35c0ffee run 1215: a power cut tore a batch
+                    // header's block, its own half new and its copy half still the last lap's;
+                    // the undamaged image ended there, and with a byte of that stale copy
+                    // flipped, replay took the batch and the next).
                     let unproven =
                         self.last_own.is_some() && BatchHeader::decode_prev(&self.block).is_err();
                     self.accept(&h);
