@@ -23,9 +23,9 @@
 //! so even a successor whose own header is damaged still gives it): so a damaged header costs
 //! nothing but the scan to find the successor. A header whose own copy of its predecessor is
 //! damaged checks out but cannot show that it follows the header before it: it is replayed like
-//! a header read from a copy, only where a later header vouches for it. If both are gone, the records in between
-//! are reported as lost with blocks unknown, and replay goes on after them (only if proven
-//! durable, as above) from the nearest later header. Every clean block cached before such a gap
+//! a header read from a copy, only where a later header vouches for it. If both are gone, the
+//! records in between are reported as lost with blocks unknown, and replay goes on after them
+//! (only if proven durable, as above) from the nearest later header. Every clean block cached before such a gap
 //! is dropped (the gap may have invalidated it); dirty blocks are kept, and may be older than a
 //! write the gap held: the report says so, and health stays degraded.
 //!
