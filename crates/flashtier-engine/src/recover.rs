@@ -25,9 +25,9 @@
 //! damaged checks out but cannot show that it follows the header before it: it is replayed like
 //! a header read from a copy, only where a later header vouches for it. If both are gone, the
 //! records in between are reported as lost with blocks unknown, and replay goes on after them
-//! (only if proven durable, as above) from the nearest later header. Every clean block cached before such a gap
-//! is dropped (the gap may have invalidated it); dirty blocks are kept, and may be older than a
-//! write the gap held: the report says so, and health stays degraded.
+//! (only if proven durable, as above) from the nearest later header. Every clean block cached
+//! before such a gap is dropped (the gap may have invalidated it); dirty blocks are kept, and may
+//! be older than a write the gap held: the report says so, and health stays degraded.
 //!
 //! The superblock has two copies and the checkpoint two slots. A damaged copy is reported and
 //! the other one used; the next superblock write and the next checkpoint (which the opener writes
@@ -1102,7 +1102,8 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
                     }
                     tracing::warn!(
                         seq = header.seq_first,
-                        "damaged log header (read from its copy, or its copy of the one before damaged)"
+                        "damaged log header (read from its copy, or its own copy of the one \
+                         before it damaged)"
                     );
                     damage.push(Damage::Header {
                         seq: header.seq_first,
