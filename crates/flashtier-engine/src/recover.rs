@@ -19,6 +19,14 @@
 //! - anything else that does not check out is the torn tail: the log ends there, exactly as
 //!   before, so what comes back is a prefix of the history.
 //!
+//! The limit of this: between a sync and the first header written after it (the next batch, or
+//! the note, NOTE_DELAY later), nothing on the device says the synced batches were synced, so
+//! damage to them in that window reads as a torn tail and they are dropped, flushed writes
+//! included, with nothing reported (still a prefix). Syncs the backing store relies on (a
+//! write-through or write-around write, a cleaning pass) are vouched for before they return
+//! (`Log::sync_vouched`), so they are not exposed; a client FLUSH or FUA is not, as vouching
+//! costs a header write and a second device sync per commit.
+//!
 //! A damaged header is read from its successor, which carries a copy of it (checked on its own,
 //! so even a successor whose own header is damaged still gives it): so a damaged header costs
 //! nothing but the scan to find the successor. A header whose own copy of its predecessor is
@@ -478,6 +486,36 @@ impl<'a> Walk<'a> {
             || self.block[OWN_LEN..2 * OWN_LEN] == last[..]
     }
 
+    /// Whether a header of no records at block `at` of `seg`, numbered as expected, is refuted by
+    /// a later header of the same segment carrying a copy of a *different* header numbered as
+    /// expected, exactly where that header's successor lies (see [`Walk::successor`]): the header
+    /// read here is then a media fault's duplicate of another, written over the real one. Only
+    /// where [`Walk::follows_last`] cannot tell, with no header accepted before it to compare its
+    /// copy with: the walk's first header, or the first after a gap. A header of no records
+    /// matches the number expected wherever it came from (a seal duplicated over the next
+    /// segment's first header is numbered as that header is); one of records does only if it is
+    /// the one. Found by the long power-loss campaign (seed 0x35c0ffee run 3089): the checkpoint
+    /// written right after a seal, the seal copied over the next segment's first header (a synced
+    /// batch); the walk took the copy for the log's end and dropped the batch, which the header
+    /// after it vouched for, reporting nothing. Costs a scan of the rest of the segment, only for
+    /// such a header in such a place (at most once per open and per gap). The real header's own
+    /// successor carries a copy of that header itself, which refutes nothing.
+    fn a_later_copy_refutes(
+        &mut self,
+        seg: u32,
+        at: u32,
+        h: &BatchHeader,
+        own: &[u8; OWN_LEN],
+    ) -> bool {
+        if self.last_own.is_some() || !h.entries.is_empty() {
+            return false;
+        }
+        matches!(
+            self.successor(seg, at, false),
+            Some((s, _, Some((_, copy)))) if s == seg && copy[..] != own[..]
+        )
+    }
+
     /// Records must stay within the backing store and the cache.
     fn entries_sane(&self, h: &BatchHeader) -> bool {
         h.entries.iter().all(|e| {
@@ -844,7 +882,11 @@ impl<'a> Walk<'a> {
             };
             let (r, own) = self.read(seg, at);
             match r.own {
-                Ok(h) if self.continues(&h, at) && self.follows_last() => {
+                Ok(h)
+                    if self.continues(&h, at)
+                        && self.follows_last()
+                        && !self.a_later_copy_refutes(seg, at, &h, &own) =>
+                {
                     // Its copy of the previous header is damaged, so nothing shows that it
                     // follows the header accepted last: it counts as a header read from a copy
                     // does (replayed if a later header vouches for it, else the torn tail). An
@@ -1549,6 +1591,25 @@ mod tests {
         }
     }
 
+    impl HandLog {
+        /// Walks the log from the newest checkpoint, which expects `expected` next, with no
+        /// open segment and `free` its free list.
+        fn walk_newest(&self, free: &[u32], expected: u64) -> Walk<'_> {
+            let mut walk = Walk::new(
+                &self.dev,
+                self.geo,
+                self.log,
+                2048,
+                free.iter().copied().collect(),
+                None,
+                (expected, 1),
+                false,
+            );
+            walk.run();
+            walk
+        }
+    }
+
     fn entry(kind: Kind, lba: u64, nblocks: u32, aux: u64, data_crc: u32) -> batch::Entry {
         batch::Entry {
             kind,
@@ -1828,6 +1889,150 @@ mod tests {
                 "copy damaged: {damage_copy}"
             );
         }
+    }
+
+    /// The checkpoint was written right after the log sealed a segment, and a media fault copied
+    /// that seal over the next segment's first header (a synced batch, which the empty batch
+    /// after it vouches for). Numbered as expected and with no header accepted before it, the
+    /// copy looked like the log's end: the walk took it and the batch was dropped unreported
+    /// (the long campaign, seed 0x35c0ffee run 3089). The vouching header's copy of the batch
+    /// refutes it; the batch is read from that copy. A real seal or empty batch first in the walk
+    /// is still taken (their successors carry copies of themselves).
+    #[test]
+    fn a_seal_duplicated_over_the_first_header_the_walk_reads_is_refuted_by_a_later_copy() {
+        let kinds = |walk: &Walk<'_>| -> Vec<String> {
+            walk.steps
+                .iter()
+                .map(|s| match s {
+                    Step::Open(seg) => format!("open {seg}"),
+                    Step::Seal { header, from_copy } => format!(
+                        "seal {:?} copy {from_copy}",
+                        header.as_ref().map(|(h, _)| h.seq_first)
+                    ),
+                    Step::Batch {
+                        at,
+                        header,
+                        from_copy,
+                        ..
+                    } => format!(
+                        "batch {}+{} at {at} copy {from_copy}",
+                        header.seq_first,
+                        header.entries.len()
+                    ),
+                    Step::Gap {
+                        seq_first,
+                        seq_end,
+                        to,
+                    } => {
+                        format!("gap {seq_first}..{seq_end} to {to}")
+                    }
+                })
+                .collect()
+        };
+        let (expected, sealed, next, after) = (11, 1, 2, 3);
+        for fault in [false, true] {
+            let l = HandLog::new();
+            let crc = l.data(sealed, 1, 3, 1);
+            let before = l.put(
+                &l.header(
+                    HeaderKind::Batch,
+                    expected - 1,
+                    vec![entry(Kind::Write, 0, 3, 0, crc)],
+                ),
+                &[0; OWN_LEN],
+                sealed,
+                0,
+            );
+            let seal = l.put(
+                &l.header(HeaderKind::Seal, expected, Vec::new()),
+                &before,
+                sealed,
+                4,
+            );
+            let crc = l.data(next, 1, 3, 2);
+            let batch = l.put(
+                &l.header(
+                    HeaderKind::Batch,
+                    expected,
+                    vec![entry(Kind::Write, 8, 3, 0, crc)],
+                ),
+                &seal,
+                next,
+                0,
+            );
+            let mut vouch = l.header(HeaderKind::Batch, expected + 1, Vec::new());
+            vouch.ordinal = 1;
+            l.put(&vouch, &batch, next, 4);
+            if fault {
+                let mut block = vec![0u8; l.bs()];
+                l.dev.read_at(&mut block, l.at(sealed, 4)).unwrap();
+                l.dev.write_at(&block, l.at(next, 0), false).unwrap();
+            }
+            let walk = l.walk_newest(&[next, after], expected);
+            assert_eq!(
+                kinds(&walk),
+                [
+                    "open 2".to_string(),
+                    format!("batch 11+1 at 0 copy {fault}"),
+                    "batch 12+0 at 4 copy false".to_string(),
+                ],
+                "seal copied over the first header: {fault}"
+            );
+            assert_eq!(walk.durable, expected + 1);
+        }
+        // A real seal, and a real empty batch, first in the walk.
+        let l = HandLog::new();
+        let seal = l.put(
+            &l.header(HeaderKind::Seal, expected, Vec::new()),
+            &[0; OWN_LEN],
+            next,
+            0,
+        );
+        let crc = l.data(after, 1, 2, 3);
+        l.put(
+            &l.header(
+                HeaderKind::Batch,
+                expected,
+                vec![entry(Kind::Write, 8, 2, 0, crc)],
+            ),
+            &seal,
+            after,
+            0,
+        );
+        let walk = l.walk_newest(&[next, after], expected);
+        assert_eq!(
+            kinds(&walk),
+            [
+                "open 2",
+                "seal Some(11) copy false",
+                "open 3",
+                "batch 11+1 at 0 copy false"
+            ]
+        );
+        let l = HandLog::new();
+        let mut empty = l.header(HeaderKind::Batch, expected, Vec::new());
+        empty.ordinal = 1;
+        let empty = l.put(&empty, &[0; OWN_LEN], next, 0);
+        let crc = l.data(next, 2, 2, 4);
+        l.put(
+            &l.header(
+                HeaderKind::Batch,
+                expected,
+                vec![entry(Kind::Write, 8, 2, 0, crc)],
+            ),
+            &empty,
+            next,
+            1,
+        );
+        let walk = l.walk_newest(&[next], expected);
+        assert_eq!(
+            kinds(&walk),
+            [
+                "open 2",
+                "batch 11+0 at 0 copy false",
+                "batch 11+1 at 1 copy false"
+            ]
+        );
     }
 
     /// The checkpoint recovery falls back to was written right after the log sealed a segment

@@ -323,6 +323,12 @@ impl History {
 
     /// Blocks whose content is unspecified at `t`: trimmed, not covered by a durable write since.
     fn free_blocks(&self, t: u64) -> Vec<bool> {
+        self.free_blocks_unless(t, |_| true)
+    }
+
+    /// [`History::free_blocks`], counting only the durable writes `kept` says are there as
+    /// covering a trim.
+    fn free_blocks_unless(&self, t: u64, kept: impl Fn(usize) -> bool) -> Vec<bool> {
         let mut free = vec![false; BLOCKS as usize];
         for (b, ops) in self.per_block.iter().enumerate() {
             for &i in ops {
@@ -332,7 +338,7 @@ impl History {
                 }
                 let covered = ops.iter().any(|&j| {
                     let o = &self.ops[j];
-                    o.kind != Kind::Trim && o.start > tr.end && self.durable(j, t)
+                    o.kind != Kind::Trim && o.start > tr.end && self.durable(j, t) && kept(j)
                 });
                 if !covered {
                     free[b] = true;
@@ -402,8 +408,25 @@ impl History {
             .map(|i| parse(image, i / SPB, i % SPB, &mut scratch))
             .collect();
         let at = |b: u64, s: u64| vals[(b * SPB + s) as usize];
-        // A lost block is treated like a trimmed one: its content is not looked at.
-        let mut free = self.free_blocks(t);
+        // Whether any unit of op `x` shows in a block it wrote.
+        let shows_anywhere = |x: usize| {
+            let o = &self.ops[x];
+            o.units.iter().any(|&(u, first, n)| {
+                (first..first + n)
+                    .any(|b| !lost[b as usize] && (0..SPB).any(|s| at(b, s) == V::Unit(u)))
+            })
+        };
+        // A lost block is treated like a trimmed one: its content is not looked at. With the
+        // contract relaxed, a durable write after a trim may be gone (cut with the log): the
+        // trimmed block is covered only by one that shows. (Found by the long campaign, seed
+        // 0xb0a710ad run 1792: a FUA write over trimmed blocks, cut with a damaged unvouched
+        // batch, left them as the trim did, which the prefix check then took for an older
+        // write torn.)
+        let mut free = if relax == Relax::None {
+            self.free_blocks(t)
+        } else {
+            self.free_blocks_unless(t, shows_anywhere)
+        };
         for (f, &l) in free.iter_mut().zip(lost) {
             *f |= l;
         }
@@ -1461,6 +1484,45 @@ fn dump_damage(snap: &Snap, damaged: &[u8], what: &str) -> String {
     }
 }
 
+/// Every slot of `image` that holds a header of this cache's log, one line each: where, its
+/// sequence numbers, kind, `durable`, and whether its copy of the previous header decodes (and
+/// which batch that copy is).
+fn dump_log(image: &[u8]) -> String {
+    let Ok(sb) = read_superblock(&CrashDev::from_image(image.to_vec())) else {
+        return "no superblock".into();
+    };
+    let geo = sb.geometry;
+    let log = batch::log_id(&sb.uuid);
+    let mut out = String::new();
+    for slot in 0..geo.slot_count() {
+        let at = geo.slot_offset(slot);
+        let b = &image[at as usize..(at + BS) as usize];
+        let own = match BatchHeader::decode(b) {
+            Ok(h) if h.log == log => h,
+            Ok(_) | Err(batch::BatchError::NoBatch) => continue,
+            Err(e) => {
+                out += &format!("\n  slot {slot} @{at}: own {e:?}");
+                continue;
+            }
+        };
+        let prev = match BatchHeader::decode_prev(b) {
+            Ok(p) => format!("prev {}..{} e{}", p.seq_first, p.seq_end(), p.epoch),
+            Err(e) => format!("prev {e:?}"),
+        };
+        out += &format!(
+            "\n  slot {slot} @{at}: {}..{} e{} {:?} durable {} data {} ord {} | {prev}",
+            own.seq_first,
+            own.seq_end(),
+            own.epoch,
+            own.kind,
+            own.durable,
+            own.data_blocks(),
+            own.ordinal
+        );
+    }
+    out
+}
+
 /// Recovers a damaged image kept by a failed campaign run (`FLASHTIER_DAMAGE_DIR`), the undamaged
 /// one beside it, and prints what each recovery reported, for debugging recovery.
 #[test]
@@ -1472,6 +1534,7 @@ fn damaged_image_recovers() {
     let load = |name: &str| std::fs::read(dir.join(name)).unwrap();
     eprintln!("{}", String::from_utf8_lossy(&load("damage.txt")));
     for name in ["cache.img", "damaged.img"] {
+        eprintln!("{name}: {}", dump_log(&load(name)));
         let rail = Rail::new();
         let backing = rail.attach(Arc::new(CrashDev::from_image(load("backing.img"))));
         let opened = open(
