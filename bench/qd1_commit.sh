@@ -23,16 +23,13 @@ A=$1; B=$2; ROUNDS=${3:-3}; SECS=${4:-10}; WORK=${5:-/tmp/flashtier-qd1}; BS=${6
 RW=randwrite; [ "$BS" = 4k ] || RW=write
 for tool in fio python3; do command -v $tool >/dev/null || { echo "needs $tool" >&2; exit 2; }; done
 
+# shellcheck source=qd1_lib.sh
+. "$(dirname "$0")/qd1_lib.sh"
+
 one() { # BIN TAG
     local bin=$1 tag=$2 d=$WORK/$2 backing=/dev/shm/flashtier-qd1-$2.img
-    rm -rf "$d"; mkdir -p "$d"
-    truncate -s 1G "$backing"
-    "$bin" format --cache "$WORK/cache.img" --backing "$backing" --force --no-probe >/dev/null \
-        2>"$d/format.err" || { cat "$d/format.err" >&2; exit 1; }
-    "$bin" serve --backing "$backing" --cache "$WORK/cache.img" --mode writeback --listen "$d/s.sock" \
-        --control-socket "$d/c.sock" --stats-file "$d/stats" >"$d/serve.log" 2>&1 &
-    local pid=$!
-    for _ in $(seq 100); do [ -S "$d/s.sock" ] && break; sleep 0.1; done
+    serve_fresh "$bin" "$d" "$WORK/cache.img" "$backing" 1G
+    local pid=$SERVER_PID
     local c0 c1
     c0=$(awk '{print $14+$15}' /proc/$pid/stat)
     fio --name=q --ioengine=nbd --uri="nbd+unix:///?socket=$d/s.sock" --rw=$RW --bs="$BS" \

@@ -36,18 +36,13 @@ reads() { # URI_OR_FILE OUT [psync]
     fi
 }
 
-wait_socket() { for _ in $(seq 100); do [ -S "$1" ] && return; sleep 0.1; done; echo "no socket $1" >&2; exit 1; }
+# shellcheck source=qd1_lib.sh
+. "$(dirname "$0")/qd1_lib.sh"
 
 one() { # BIN TAG
     local bin=$1 tag=$2 d=$WORK/$2 backing=/dev/shm/flashtier-qd1r-$2.img
-    rm -rf "$d"; mkdir -p "$d"
-    truncate -s 512M "$backing"
-    "$bin" format --cache "$WORK/cache.img" --backing "$backing" --force --no-probe >/dev/null \
-        2>"$d/format.err" || { cat "$d/format.err" >&2; exit 1; }
-    "$bin" serve --backing "$backing" --cache "$WORK/cache.img" --mode writeback --listen "$d/s.sock" \
-        --control-socket "$d/c.sock" --stats-file "$d/stats" >"$d/serve.log" 2>&1 &
-    local pid=$!
-    wait_socket "$d/s.sock"
+    serve_fresh "$bin" "$d" "$WORK/cache.img" "$backing" 512M
+    local pid=$SERVER_PID
     fio --name=fill --ioengine=nbd --uri="nbd+unix:///?socket=$d/s.sock" --rw=write --bs=1M \
         --iodepth=4 --size=512M --output-format=json >/dev/null 2>&1
     local c0 c1

@@ -1592,6 +1592,22 @@ mod tests {
     }
 
     impl HandLog {
+        /// Writes a batch of one WRITE record at block `at` of `seg`: `blocks` blocks of data
+        /// (pattern `salt`) after a header numbered `seq` carrying `prev`; returns its own half.
+        fn put_write(
+            &self,
+            seq: u64,
+            blocks: u32,
+            salt: u32,
+            prev: &[u8; OWN_LEN],
+            seg: u32,
+            at: u32,
+        ) -> [u8; OWN_LEN] {
+            let crc = self.data(seg, at + 1, blocks as usize, salt);
+            let entries = vec![entry(Kind::Write, 8, blocks, 0, crc)];
+            self.put(&self.header(HeaderKind::Batch, seq, entries), prev, seg, at)
+        }
+
         /// Walks the log from the newest checkpoint, which expects `expected` next, with no
         /// open segment and `free` its free list.
         fn walk_newest(&self, free: &[u32], expected: u64) -> Walk<'_> {
@@ -1932,34 +1948,14 @@ mod tests {
         let (expected, sealed, next, after) = (11, 1, 2, 3);
         for fault in [false, true] {
             let l = HandLog::new();
-            let crc = l.data(sealed, 1, 3, 1);
-            let before = l.put(
-                &l.header(
-                    HeaderKind::Batch,
-                    expected - 1,
-                    vec![entry(Kind::Write, 0, 3, 0, crc)],
-                ),
-                &[0; OWN_LEN],
-                sealed,
-                0,
-            );
+            let before = l.put_write(expected - 1, 3, 1, &[0; OWN_LEN], sealed, 0);
             let seal = l.put(
                 &l.header(HeaderKind::Seal, expected, Vec::new()),
                 &before,
                 sealed,
                 4,
             );
-            let crc = l.data(next, 1, 3, 2);
-            let batch = l.put(
-                &l.header(
-                    HeaderKind::Batch,
-                    expected,
-                    vec![entry(Kind::Write, 8, 3, 0, crc)],
-                ),
-                &seal,
-                next,
-                0,
-            );
+            let batch = l.put_write(expected, 3, 2, &seal, next, 0);
             let mut vouch = l.header(HeaderKind::Batch, expected + 1, Vec::new());
             vouch.ordinal = 1;
             l.put(&vouch, &batch, next, 4);
@@ -1988,17 +1984,7 @@ mod tests {
             next,
             0,
         );
-        let crc = l.data(after, 1, 2, 3);
-        l.put(
-            &l.header(
-                HeaderKind::Batch,
-                expected,
-                vec![entry(Kind::Write, 8, 2, 0, crc)],
-            ),
-            &seal,
-            after,
-            0,
-        );
+        l.put_write(expected, 2, 3, &seal, after, 0);
         let walk = l.walk_newest(&[next, after], expected);
         assert_eq!(
             kinds(&walk),
@@ -2013,17 +1999,7 @@ mod tests {
         let mut empty = l.header(HeaderKind::Batch, expected, Vec::new());
         empty.ordinal = 1;
         let empty = l.put(&empty, &[0; OWN_LEN], next, 0);
-        let crc = l.data(next, 2, 2, 4);
-        l.put(
-            &l.header(
-                HeaderKind::Batch,
-                expected,
-                vec![entry(Kind::Write, 8, 2, 0, crc)],
-            ),
-            &empty,
-            next,
-            1,
-        );
+        l.put_write(expected, 2, 4, &empty, next, 1);
         let walk = l.walk_newest(&[next], expected);
         assert_eq!(
             kinds(&walk),
