@@ -229,6 +229,8 @@ pub struct ConnState {
     pub accepted_ms: u64,
     phase: AtomicU8,
     requests: AtomicU64,
+    /// Requests executed serially (the reader kept the seat: see `transmission`).
+    serial: AtomicU64,
     in_flight: AtomicU64,
     last_active_ms: AtomicU64,
     /// When the reply being written started ([`now_ms`]), 0 when none is.
@@ -256,6 +258,7 @@ impl ConnState {
             accepted_ms: now,
             phase: AtomicU8::new(PHASE_HANDSHAKE),
             requests: AtomicU64::new(0),
+            serial: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             last_active_ms: AtomicU64::new(now),
             writing_since_ms: AtomicU64::new(0),
@@ -300,6 +303,16 @@ impl ConnState {
         self.requests.fetch_add(1, Ordering::Relaxed);
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.last_active_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    pub(crate) fn executed_serially(&self) {
+        self.serial.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Requests executed serially so far.
+    #[cfg(test)]
+    pub(crate) fn serial_requests(&self) -> u64 {
+        self.serial.load(Ordering::Relaxed)
     }
 
     pub(crate) fn request_done(&self) {

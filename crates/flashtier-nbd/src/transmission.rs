@@ -429,6 +429,7 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
             if wake {
                 self.seat_free.notify_one();
             }
+            self.params.conn.executed_serially();
             Some(turn)
         } else {
             seat.state = SeatState::Free;
@@ -914,36 +915,11 @@ mod tests {
     /// `answer_within` while the FLUSH still waits, then lets the FLUSH through and expects it
     /// answered.
     fn a_read_is_answered_behind_a_flush_that_waits(wait: Duration, answer_within: Duration) {
-        use std::os::fd::AsRawFd;
-        use std::os::unix::net::UnixStream;
-        use std::sync::Arc;
-
-        const SIZE: u64 = 1 << 20;
-        let dev = Arc::new(GatedFlush {
-            inner: flashtier_testkit::MemDev::new(SIZE as usize),
+        let dev = std::sync::Arc::new(GatedFlush {
+            inner: flashtier_testkit::MemDev::new(TEST_SIZE as usize),
             open: parking_lot::Mutex::new(false),
             opened: parking_lot::Condvar::new(),
         });
-        let export = Export::new("", dev.clone());
-        let limits = Limits::unlimited();
-        let conn = ConnState::new(u64::MAX);
-        let (server, mut client) = UnixStream::pair().unwrap();
-        let fd = server.as_raw_fd();
-        let readable = move |t: Duration| crate::net::poll_readable(fd, t);
-        let params = Params {
-            export: &export,
-            session: Session {
-                structured_replies: false,
-                base_allocation: None,
-                flags: 0,
-                size: SIZE,
-            },
-            max_payload: 1 << 20,
-            threads: 4,
-            limits: &limits,
-            conn: &conn,
-            wait_readable: &readable,
-        };
         let request = |cmd, handle, length| {
             RequestHeader {
                 flags: 0,
@@ -954,12 +930,8 @@ mod tests {
             }
             .encode()
         };
-        client.set_read_timeout(Some(answer_within)).unwrap();
-        let hangup = || {
-            let _ = server.shutdown(std::net::Shutdown::Both);
-        };
-        std::thread::scope(|s| {
-            let served = s.spawn(|| serve(&params, &server, &server, &hangup));
+        with_connection(dev.clone(), |client| {
+            client.set_read_timeout(Some(answer_within)).unwrap();
             client.write_all(&request(cmd::FLUSH, 1, 0)).unwrap();
             std::thread::sleep(wait);
             // The FLUSH still runs; a READ sent now is answered anyway.
@@ -978,9 +950,99 @@ mod tests {
             let mut flushed = [0u8; 16];
             client.read_exact(&mut flushed).unwrap();
             assert_eq!(flushed, wire::simple_reply(0, 1));
-            drop(client);
+        });
+    }
+
+    /// The size of the test connections' devices.
+    const TEST_SIZE: u64 = 1 << 20;
+
+    /// Serves a connection on `dev` (4 threads, unlimited budgets) over a socket pair, runs
+    /// `client` on the other end, closes it and waits for the server; returns the connection's
+    /// state.
+    fn with_connection(
+        dev: std::sync::Arc<dyn BlockDev>,
+        client: impl FnOnce(&mut std::os::unix::net::UnixStream),
+    ) -> ConnState {
+        use std::os::fd::AsRawFd;
+
+        let export = Export::new("", dev);
+        let limits = Limits::unlimited();
+        let conn = ConnState::new(u64::MAX);
+        let (server, mut stream) = std::os::unix::net::UnixStream::pair().unwrap();
+        let fd = server.as_raw_fd();
+        let readable = move |t: Duration| crate::net::poll_readable(fd, t);
+        let params = Params {
+            export: &export,
+            session: Session {
+                structured_replies: false,
+                base_allocation: None,
+                flags: 0,
+                size: TEST_SIZE,
+            },
+            max_payload: 1 << 20,
+            threads: 4,
+            limits: &limits,
+            conn: &conn,
+            wait_readable: &readable,
+        };
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let hangup = || {
+            let _ = server.shutdown(std::net::Shutdown::Both);
+        };
+        std::thread::scope(|s| {
+            let served = s.spawn(|| serve(&params, &server, &server, &hangup));
+            client(&mut stream);
+            drop(stream);
             served.join().unwrap();
         });
+        conn
+    }
+
+    /// How many requests were executed serially while `client` ran against a memory device.
+    fn serial_requests_of(client: impl FnOnce(&mut std::os::unix::net::UnixStream)) -> u64 {
+        let dev = flashtier_testkit::MemDev::new(TEST_SIZE as usize);
+        with_connection(std::sync::Arc::new(dev), client).serial_requests()
+    }
+
+    fn read_request(handle: u64) -> [u8; RequestHeader::LEN] {
+        RequestHeader {
+            flags: 0,
+            cmd: cmd::READ,
+            handle,
+            offset: handle * 4096 % TEST_SIZE,
+            length: 4096,
+        }
+        .encode()
+    }
+
+    /// A client that waits for each reply before sending the next request has every request
+    /// executed serially; one that sends many at once has none but perhaps the last (the others
+    /// find more buffered behind them).
+    #[test]
+    fn only_a_client_waiting_for_each_reply_is_served_serially() {
+        let waiting = serial_requests_of(|stream| {
+            for handle in 0..40 {
+                stream.write_all(&read_request(handle)).unwrap();
+                let mut reply = [0u8; 16 + 4096];
+                stream.read_exact(&mut reply).unwrap();
+                assert_eq!(reply[..16], wire::simple_reply(0, handle));
+            }
+        });
+        assert_eq!(waiting, 40);
+        let pipelined = serial_requests_of(|stream| {
+            let all: Vec<u8> = (0..40).flat_map(read_request).collect();
+            stream.write_all(&all).unwrap();
+            let mut reply = [0u8; 16 + 4096];
+            for _ in 0..40 {
+                stream.read_exact(&mut reply).unwrap();
+            }
+        });
+        assert!(
+            pipelined <= 1,
+            "{pipelined} of 40 pipelined requests executed serially"
+        );
     }
 
     /// One request running longer than the idle time must not leave its connection without a
