@@ -1569,22 +1569,31 @@ mod tests {
         /// Walks the log from a checkpoint that expects `expected` next, with no open segment
         /// and `free` its free list, as replaying from the older checkpoint does.
         fn walk(&self, free: &[u32], expected: u64) -> Walk<'_> {
+            self.walk_from(free, expected, true)
+        }
+
+        /// Walks the log from the newest checkpoint, which expects `expected` next, with no
+        /// open segment and `free` its free list.
+        fn walk_newest(&self, free: &[u32], expected: u64) -> Walk<'_> {
+            self.walk_from(free, expected, false)
+        }
+
+        fn walk_from(&self, free: &[u32], expected: u64, scan_segments: bool) -> Walk<'_> {
             let mut order = Vec::new();
             for &s in free {
                 if !order.contains(&s) {
                     order.push(s);
                 }
             }
-            let free = order.into_iter().collect();
             let mut walk = Walk::new(
                 &self.dev,
                 self.geo,
                 self.log,
                 2048,
-                free,
+                order.into_iter().collect(),
                 None,
                 (expected, 1),
-                true,
+                scan_segments,
             );
             walk.run();
             walk
@@ -1606,23 +1615,6 @@ mod tests {
             let crc = self.data(seg, at + 1, blocks as usize, salt);
             let entries = vec![entry(Kind::Write, 8, blocks, 0, crc)];
             self.put(&self.header(HeaderKind::Batch, seq, entries), prev, seg, at)
-        }
-
-        /// Walks the log from the newest checkpoint, which expects `expected` next, with no
-        /// open segment and `free` its free list.
-        fn walk_newest(&self, free: &[u32], expected: u64) -> Walk<'_> {
-            let mut walk = Walk::new(
-                &self.dev,
-                self.geo,
-                self.log,
-                2048,
-                free.iter().copied().collect(),
-                None,
-                (expected, 1),
-                false,
-            );
-            walk.run();
-            walk
         }
     }
 

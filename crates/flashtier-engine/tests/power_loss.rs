@@ -408,14 +408,14 @@ impl History {
             .map(|i| parse(image, i / SPB, i % SPB, &mut scratch))
             .collect();
         let at = |b: u64, s: u64| vals[(b * SPB + s) as usize];
-        // Whether any unit of op `x` shows in a block it wrote.
-        let shows_anywhere = |x: usize| {
-            let o = &self.ops[x];
-            o.units.iter().any(|&(u, first, n)| {
-                (first..first + n)
-                    .any(|b| !lost[b as usize] && (0..SPB).any(|s| at(b, s) == V::Unit(u)))
-            })
+        // Whether unit `u` shows in a sector of blocks `[first, first + n)` that is not lost.
+        let unit_shows = |u: u32, first: u64, n: u64| {
+            (first..first + n)
+                .any(|b| !lost[b as usize] && (0..SPB).any(|s| at(b, s) == V::Unit(u)))
         };
+        // Whether any unit of op `x` shows in the blocks it wrote.
+        let shows_anywhere =
+            |x: usize| (self.ops[x].units.iter()).any(|&(u, first, n)| unit_shows(u, first, n));
         // A lost block is treated like a trimmed one: its content is not looked at. With the
         // contract relaxed, a durable write after a trim may be gone (cut with the log): the
         // trimmed block is covered only by one that shows. (Found by the long campaign, seed
@@ -508,12 +508,7 @@ impl History {
             if relax == Relax::Order && self.backing_may_hold_torn(x, t) {
                 continue;
             }
-            let shows = |u: u32| {
-                (0..o.n).any(|k| {
-                    let b = o.lba + k;
-                    !lost[b as usize] && (0..SPB).any(|s| at(b, s) == V::Unit(u))
-                })
-            };
+            let shows = |u: u32| unit_shows(u, o.lba, o.n);
             if let Some(last) = o.units.iter().rposition(|&(u, _, _)| shows(u)) {
                 for &(u, first, n) in &o.units[..=last] {
                     if relax == Relax::Order && !shows(u) {
