@@ -4,7 +4,10 @@
 # backlog), so the figure is the commit path itself. Prints commits/s, the write's and the
 # FLUSH's p50 latency and the server's CPU µs per commit (utime+stime of the server process).
 # Each round also runs the raw cache file (R: fio psync O_DIRECT write + fdatasync, no NBD): the
-# issue's target is a ratio to it, and this machine's disk varies by 2x from hour to hour.
+# issue's target is a ratio to it, and this machine's disk varies by 2x from hour to hour. And
+# the protocol alone (N: the same fio job over NBD to `nbdkit memory`, which stores nothing
+# durably and syncs nothing): what two NBD round trips a commit cost fio and a server here,
+# before any storage work.
 #
 # usage: bench/qd1_commit.sh BUILD_A BUILD_B [ROUNDS=3] [SECONDS=10] [WORKDIR=/tmp/flashtier-qd1] [BS=4k]
 # e.g.   bench/qd1_commit.sh target-before/release/flashtier target/release/flashtier
@@ -21,7 +24,7 @@
 set -euo pipefail
 A=$1; B=$2; ROUNDS=${3:-3}; SECS=${4:-10}; WORK=${5:-/tmp/flashtier-qd1}; BS=${6:-4k}
 RW=randwrite; [ "$BS" = 4k ] || RW=write
-for tool in fio python3; do command -v $tool >/dev/null || { echo "needs $tool" >&2; exit 2; }; done
+for tool in fio python3 nbdkit; do command -v $tool >/dev/null || { echo "needs $tool" >&2; exit 2; }; done
 
 # shellcheck source=qd1_lib.sh
 . "$(dirname "$0")/qd1_lib.sh"
@@ -72,6 +75,26 @@ print(f"| {sys.argv[1]} (raw file) | {iops:,.0f} | {w50:.0f} | {f50:.0f} | - |" 
 ' "$1" "$BS"
 }
 
+protocol() { # TAG
+    local d=$WORK/nbdkit-memory
+    rm -rf "$d"; mkdir -p "$d"
+    nbdkit --unix "$d/s.sock" --foreground memory 1G &
+    local pid=$!
+    wait_socket "$d/s.sock"
+    fio --name=q --ioengine=nbd --uri="nbd+unix:///?socket=$d/s.sock" --rw=$RW --bs="$BS" \
+        --iodepth=1 --size=1G --time_based --runtime="$SECS" --fsync=1 --output-format=json \
+        2>/dev/null | python3 -c '
+import json, sys
+text = sys.stdin.read()
+job = json.loads(text[text.index("{"):])["jobs"][0]
+iops = job["write"]["iops"]
+w50 = job["write"]["clat_ns"]["percentile"]["50.000000"] / 1000
+f50 = job["sync"]["lat_ns"]["percentile"]["50.000000"] / 1000
+print(f"| {sys.argv[1]} (nbdkit memory: the protocol alone) | {iops:,.0f} | {w50:.0f} | {f50:.0f} | - |" + (" - |" if sys.argv[2] != "4k" else ""))
+' "$1" "$BS"
+    kill $pid; wait $pid 2>/dev/null || true
+}
+
 mkdir -p "$WORK"
 if [ "$(stat -c %s "$WORK/cache.img" 2>/dev/null || echo 0)" != $((1 << 30)) ]; then
     dd if=/dev/zero of="$WORK/cache.img" bs=1M count=1024 oflag=direct status=none
@@ -89,6 +112,7 @@ else
 fi
 for r in $(seq "$ROUNDS"); do
     raw "R$r"
+    protocol "N$r"
     one "$A" "A$r"
     one "$B" "B$r"
 done
