@@ -37,6 +37,7 @@ pub mod export;
 pub mod handshake;
 pub mod limits;
 pub mod net;
+mod outbound;
 pub mod server;
 pub mod tls;
 pub mod transmission;

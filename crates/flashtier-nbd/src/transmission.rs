@@ -2,10 +2,11 @@
 //!
 //! Each connection is served by a small pool of threads in a leader/followers pattern: a thread
 //! takes the seat, reads one request (and its payload) from a shared buffered reader, passes the
-//! seat on, executes the request on the device, then takes the outbound lock and writes its own
-//! reply with a single vectored write. There is no hand-off between threads per request,
-//! a burst of pipelined requests costs one `recv` for many of them, and replies go out in
-//! completion order.
+//! seat on, executes the request on the device, then sends its own reply (`outbound`: a single
+//! vectored write when the stream is free; when another thread is writing, a small reply is
+//! queued and that thread writes it along with its own). There is no hand-off between threads
+//! per request, a burst of pipelined requests costs one `recv` for many of them, replies finished
+//! together cost one `writev`, and replies go out in completion order.
 //!
 //! The pool grows on demand: the connection's own thread serves alone until a request is read
 //! while no other thread is free to read the next one; then one more is spawned (up to
@@ -61,6 +62,7 @@ use crate::errmap::nbd_error;
 use crate::export::Export;
 use crate::handshake::Session;
 use crate::limits::{ConnState, Limits, Pressure};
+use crate::outbound::Outbound;
 use crate::wire::{self, cmd, cmd_flag, errno, reply, state, RequestHeader};
 
 /// Read buffer per connection: enough for a deep queue of small requests in one `recv`.
@@ -121,7 +123,8 @@ struct Shared<'a, R, W> {
     /// Set once no further request may be read; outside the seat, so that a thread closing the
     /// connection never waits for the reader.
     closed: AtomicBool,
-    outbound: Mutex<W>,
+    /// Where replies go (see `outbound`).
+    outbound: Outbound<W>,
     /// Breaks the connection so threads blocked in I/O on it return (e.g. shuts the socket down).
     hangup: &'a (dyn Fn() + Sync),
     /// Threads serving this connection. Those not busy with a request (`ConnState::in_flight`)
@@ -210,7 +213,7 @@ pub fn serve<R: Read + Send, W: Write + Send>(
         }),
         seat_free: Condvar::new(),
         closed: AtomicBool::new(false),
-        outbound: Mutex::new(writer),
+        outbound: Outbound::new(writer),
         hangup,
         live: AtomicUsize::new(1),
         shrink: AtomicBool::new(false),
@@ -721,14 +724,10 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
                 (20, &tail)
             }
         };
-        let mut out = self.outbound.lock();
-        self.params.conn.writing(true);
-        let written = write_all_vectored(
-            &mut *out,
+        self.outbound.send(
             &mut [IoSlice::new(&header[..head_len]), IoSlice::new(body)],
-        );
-        self.params.conn.writing(false);
-        written
+            &|yes| self.params.conn.writing(yes),
+        )
     }
 }
 
@@ -803,22 +802,6 @@ fn encode_extents(raw: &[Extent], request_len: u32, max: usize, out: &mut Vec<(u
     }
 }
 
-fn write_all_vectored<W: Write + ?Sized>(
-    w: &mut W,
-    mut bufs: &mut [IoSlice<'_>],
-) -> io::Result<()> {
-    IoSlice::advance_slices(&mut bufs, 0);
-    while !bufs.is_empty() {
-        match w.write_vectored(bufs) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    w.flush()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -847,32 +830,6 @@ mod tests {
         assert_eq!(out, vec![(512, 0)]);
         encode_extents(&[Extent::data(0), Extent::data(100)], 512, 16, &mut out);
         assert_eq!(out, vec![(100, 0)]);
-    }
-
-    #[test]
-    fn vectored_write_survives_short_writes() {
-        struct Dribble(Vec<u8>);
-        impl Write for Dribble {
-            fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-                let n = b.len().min(3);
-                self.0.extend_from_slice(&b[..n]);
-                Ok(n)
-            }
-            fn flush(&mut self) -> io::Result<()> {
-                Ok(())
-            }
-        }
-        let mut w = Dribble(Vec::new());
-        write_all_vectored(
-            &mut w,
-            &mut [
-                IoSlice::new(b"hello "),
-                IoSlice::new(b""),
-                IoSlice::new(b"world"),
-            ],
-        )
-        .unwrap();
-        assert_eq!(w.0, b"hello world");
     }
 
     /// A device whose FLUSH waits until the test opens the gate.
