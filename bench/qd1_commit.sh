@@ -61,18 +61,23 @@ print(row)
 PY
 }
 
-raw() { # TAG
-    fio --name=r --filename="$WORK/cache.img" --ioengine=psync --direct=1 --rw=$RW --bs="$BS" \
-        --iodepth=1 --size=1G --time_based --runtime="$SECS" --fdatasync=1 --output-format=json \
-        2>/dev/null | python3 -c '
+# reference_row LABEL: the table row of a reference job (fio's JSON on stdin; no server CPU).
+reference_row() {
+    python3 -c '
 import json, sys
 text = sys.stdin.read()
 job = json.loads(text[text.index("{"):])["jobs"][0]
 iops = job["write"]["iops"]
 w50 = job["write"]["clat_ns"]["percentile"]["50.000000"] / 1000
 f50 = job["sync"]["lat_ns"]["percentile"]["50.000000"] / 1000
-print(f"| {sys.argv[1]} (raw file) | {iops:,.0f} | {w50:.0f} | {f50:.0f} | - |" + (" - |" if sys.argv[2] != "4k" else ""))
+print(f"| {sys.argv[1]} | {iops:,.0f} | {w50:.0f} | {f50:.0f} | - |" + (" - |" if sys.argv[2] != "4k" else ""))
 ' "$1" "$BS"
+}
+
+raw() { # TAG
+    fio --name=r --filename="$WORK/cache.img" --ioengine=psync --direct=1 --rw=$RW --bs="$BS" \
+        --iodepth=1 --size=1G --time_based --runtime="$SECS" --fdatasync=1 --output-format=json \
+        2>/dev/null | reference_row "$1 (raw file)"
 }
 
 protocol() { # TAG
@@ -83,15 +88,7 @@ protocol() { # TAG
     wait_socket "$d/s.sock"
     fio --name=q --ioengine=nbd --uri="nbd+unix:///?socket=$d/s.sock" --rw=$RW --bs="$BS" \
         --iodepth=1 --size=1G --time_based --runtime="$SECS" --fsync=1 --output-format=json \
-        2>/dev/null | python3 -c '
-import json, sys
-text = sys.stdin.read()
-job = json.loads(text[text.index("{"):])["jobs"][0]
-iops = job["write"]["iops"]
-w50 = job["write"]["clat_ns"]["percentile"]["50.000000"] / 1000
-f50 = job["sync"]["lat_ns"]["percentile"]["50.000000"] / 1000
-print(f"| {sys.argv[1]} (nbdkit memory: the protocol alone) | {iops:,.0f} | {w50:.0f} | {f50:.0f} | - |" + (" - |" if sys.argv[2] != "4k" else ""))
-' "$1" "$BS"
+        2>/dev/null | reference_row "$1 (nbdkit memory: the protocol alone)"
     kill $pid; wait $pid 2>/dev/null || true
 }
 
