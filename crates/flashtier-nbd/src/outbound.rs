@@ -33,8 +33,10 @@ use parking_lot::{Mutex, MutexGuard};
 /// stream. A 4 KiB read's reply copies in well under a microsecond; much larger ones would cost
 /// more to copy than to wait.
 pub const COMBINE_MAX: usize = 64 << 10;
-/// Most bytes of replies queued at once.
-pub const QUEUE_MAX: usize = 512 << 10;
+/// Most bytes of replies queued at once: what a connection's request reader already holds
+/// (ARCHITECTURE.md's memory bound counts both), and room for 32 replies of 4 KiB reads, or 16
+/// of 16 KiB ones (a database page), finished together.
+pub const QUEUE_MAX: usize = 256 << 10;
 
 /// The stream and the replies queued for it.
 pub struct Outbound<W> {
