@@ -5,6 +5,8 @@ still gets in.
 Three attacks, each on a fresh server (defaults, unix socket, a 64 MiB sparse file), each with
 CLIENTS sockets:
 - never-read: handshake, then 16 READs of 32 MiB each, and never a recv of the replies;
+- never-read-4k: the same with 2,048 READs of 4 KiB (replies small enough to be queued for the
+  thread writing to the stuck socket: the reply queue's bound);
 - dribble: a valid handshake sent one byte every 2 s (a slow-loris handshake);
 - idle: handshake, then nothing.
 While the attack runs (ATTACK_SECS), the server's RSS and thread count are sampled every 100 ms
@@ -172,6 +174,14 @@ class Attack:
                         s.send(burst)
                     except BlockingIOError:
                         pass
+                elif kind == "never-read-4k":
+                    go(s)
+                    s.setblocking(False)
+                    burst = b"".join(request(CMD_READ, h, (h % 4096) * 4 * KIB, 4 * KIB) for h in range(2048))
+                    try:
+                        s.send(burst)
+                    except BlockingIOError:
+                        pass
                 elif kind == "idle":
                     go(s)
                 elif kind == "dribble":
@@ -277,7 +287,7 @@ def main():
     work.mkdir(parents=True, exist_ok=True)
     binaries = ([("before", Path(args.before).resolve())] if args.before else []) + [("after", after)]
     rows = []
-    for kind in ["never-read", "dribble", "idle"]:
+    for kind in ["never-read", "never-read-4k", "dribble", "idle"]:
         for label, binary in binaries:
             rows.append(run_one(binary, label, kind, work, args.clients, args.attack_secs, args.rss_cap_mib,
                                 limits=label == "after"))
