@@ -112,6 +112,13 @@ def request(cmd, handle, offset, length):
     return struct.pack(">IHHQQI", REQ_MAGIC, 0, cmd, handle, offset, length)
 
 
+# The READs each never-reading client sends (by its index), by attack.
+NEVER_READ = {
+    "never-read": lambda i: b"".join(request(CMD_READ, h, (i % 2) * 32 * MIB, 32 * MIB) for h in range(16)),
+    "never-read-4k": lambda i: b"".join(request(CMD_READ, h, (h % 4096) * 4 * KIB, 4 * KIB) for h in range(2048)),
+}
+
+
 def connect(path, timeout=LIMIT_S):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
@@ -166,20 +173,11 @@ class Attack:
         for i in range(clients):
             try:
                 s = connect(path, timeout=5)
-                if kind == "never-read":
+                if kind in NEVER_READ:
                     go(s)
                     s.setblocking(False)
-                    burst = b"".join(request(CMD_READ, h, (i % 2) * 32 * MIB, 32 * MIB) for h in range(16))
                     try:
-                        s.send(burst)
-                    except BlockingIOError:
-                        pass
-                elif kind == "never-read-4k":
-                    go(s)
-                    s.setblocking(False)
-                    burst = b"".join(request(CMD_READ, h, (h % 4096) * 4 * KIB, 4 * KIB) for h in range(2048))
-                    try:
-                        s.send(burst)
+                        s.send(NEVER_READ[kind](i))
                     except BlockingIOError:
                         pass
                 elif kind == "idle":
