@@ -24,7 +24,7 @@ The measured binary gets its limits spelled out (the defaults: --max-connections
 it had before any client came, plus request memory charged to the budgets (at most
 max(request memory, one 32 MiB request)), plus the 256 KiB buffer each thread keeps and uses
 uncharged for requests up to 256 KiB, times (max connections + worker pool) threads, plus each
-connection's 256 KiB read buffer and 256 KiB reply queue. Its peak thread count is checked against max connections +
+connection's 256 KiB read buffer and 256 KiB of queued replies. Its peak thread count is checked against max connections +
 worker pool + the threads it had before any client.
 
     bench/hostile_clients.py [--before BIN] [--flashtier BIN] [--clients 256] [--attack-secs 6]
@@ -63,8 +63,9 @@ REQUEST_MEMORY_PER_CONNECTION_MIB = 64
 MAX_PAYLOAD_MIB = 32
 KEEP_BUFFER = 256 * KIB
 INBOUND_BUFFER = 256 * KIB
-# Replies queued while another thread writes (crates/flashtier-nbd/src/outbound.rs, QUEUE_MAX).
-REPLY_QUEUE = 256 * KIB
+# Replies queued while another thread writes, and the batch it is writing (QUEUE_MAX each:
+# crates/flashtier-nbd/src/outbound.rs).
+REPLY_QUEUE = 2 * 128 * KIB
 LIMIT_FLAGS = ["--max-connections", str(MAX_CONNECTIONS), "--worker-pool", str(WORKER_POOL),
                "--threads", str(THREADS), "--request-memory-mib", str(REQUEST_MEMORY_MIB),
                "--request-memory-per-connection-mib", str(REQUEST_MEMORY_PER_CONNECTION_MIB)]
@@ -309,7 +310,7 @@ def main():
         f"Each server runs in a {args.rss_cap_mib} MiB memory cgroup. **after** runs with "
         f"`{' '.join(LIMIT_FLAGS)}` (its defaults); its bounds: RSS ≤ RSS before any client + "
         f"max({REQUEST_MEMORY_MIB}, {MAX_PAYLOAD_MIB}) MiB charged request memory + 256 KiB kept per thread × "
-        f"({MAX_CONNECTIONS} + {WORKER_POOL}) threads + (256 KiB read buffer + 256 KiB reply queue) × {MAX_CONNECTIONS} connections "
+        f"({MAX_CONNECTIONS} + {WORKER_POOL}) threads + (256 KiB read buffer + 256 KiB queued replies) × {MAX_CONNECTIONS} connections "
         f"= RSS before + {memory_bound_mib():,.0f} MiB; threads ≤ threads before + {MAX_CONNECTIONS} + {WORKER_POOL}.",
         "",
         "| attack | binary | RSS before MiB | peak RSS MiB | RSS bound MiB | peak threads | thread bound | "

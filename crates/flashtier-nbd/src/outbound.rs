@@ -11,7 +11,8 @@
 //! [`COMBINE_MAX`]) into a queue and goes back to work, and the thread holding the stream writes
 //! what was queued, in one write, before it lets go. A reply too large to copy, or one that would
 //! take the queue past [`QUEUE_MAX`], waits for the stream as before, which bounds the memory a
-//! client that stops reading can make the server hold (the queue, plus one reply per thread).
+//! client that stops reading can make the server hold (the queue and the batch being written,
+//! plus one reply per thread).
 //!
 //! No reply is left behind: whoever releases the stream looks at the queue afterwards and, if it
 //! is not empty, takes the stream again unless another thread already has it (which then does the
@@ -33,10 +34,11 @@ use parking_lot::{Mutex, MutexGuard};
 /// stream. A 4 KiB read's reply copies in well under a microsecond; much larger ones would cost
 /// more to copy than to wait.
 pub const COMBINE_MAX: usize = 64 << 10;
-/// Most bytes of replies queued at once: what a connection's request reader already holds
-/// (ARCHITECTURE.md's memory bound counts both), and room for 32 replies of 4 KiB reads, or 16
-/// of 16 KiB ones (a database page), finished together.
-pub const QUEUE_MAX: usize = 256 << 10;
+/// Most bytes of replies queued at once: room for the 31 other replies of 4 KiB reads finished
+/// at QD32 while one is written, or 7 of 16 KiB ones (a database page). The queue and the batch
+/// its holder is writing never hold more than this each, capacity included, so a connection holds
+/// at most twice this for replies (ARCHITECTURE.md's memory bound counts 256 KiB).
+pub const QUEUE_MAX: usize = 128 << 10;
 
 /// The stream and the replies queued for it.
 pub struct Outbound<W> {
@@ -87,6 +89,11 @@ impl<W: Write> Outbound<W> {
         let mut queued = self.queued.lock();
         if queued.len() + len > QUEUE_MAX {
             return false;
+        }
+        if queued.capacity() < queued.len() + len {
+            // Straight to the bound, not doubling past it.
+            let room = QUEUE_MAX - queued.len();
+            queued.reserve_exact(room);
         }
         for part in parts {
             queued.extend_from_slice(part);
@@ -367,6 +374,35 @@ mod tests {
         let out = out.lock().unwrap();
         assert_eq!(out.len(), 64 + (fits + 1) * len + COMBINE_MAX + 1);
         assert!(ob.queued.lock().is_empty());
+    }
+
+    /// The bound holds for the memory, not only the bytes: filled with 4 KiB replies (whose
+    /// doubling capacity would pass it), neither the queue nor the batch written from it holds
+    /// more than [`QUEUE_MAX`].
+    #[test]
+    fn the_queue_and_its_batch_stay_within_the_bound_capacity_included() {
+        let (ob, out, gate, writes) = gated(&[0]);
+        let n = (QUEUE_MAX / 4104) as u8;
+        std::thread::scope(|s| {
+            let open = OpenOnDrop(&gate);
+            let first = send_from(s, &ob, reply(0, 4104));
+            started(&writes, 1);
+            for i in 1..=n {
+                assert_eq!(
+                    send_from(s, &ob, reply(i, 4104)).recv_timeout(WAIT),
+                    Ok(true)
+                );
+            }
+            assert_eq!(ob.queued.lock().len(), n as usize * 4104);
+            assert!(
+                ob.queued.lock().capacity() <= QUEUE_MAX,
+                "the queue grew past its bound"
+            );
+            drop(open);
+            assert_eq!(first.recv_timeout(WAIT), Ok(true));
+        });
+        assert!(ob.stream.lock().batch.capacity() <= QUEUE_MAX);
+        assert_eq!(replies_in(&out.lock().unwrap(), 4104).len(), n as usize + 1);
     }
 
     /// A reply queued while the holder writes the queue (after it took what was queued) is
