@@ -18,7 +18,7 @@ use std::sync::{Arc, Condvar, Mutex, RwLock};
 use flashtier_io::{write_zero_buffers, AlignedBuf, BlockDev, DevInfo, ZeroOpts};
 
 use crate::errmap::io_error;
-use crate::net::Stream;
+use crate::net::{write_all_vectored, Stream};
 use crate::tls::{ClientCredentials, ClientTls, PskKeys, TlsIo, TlsStream};
 use crate::uri::NbdUri;
 use crate::wire::{self, cmd, cmd_flag, info, opt, rep, tflag, RequestHeader};
@@ -445,17 +445,10 @@ fn client_tls(uri: &NbdUri) -> Result<Option<ClientTls>, ClientError> {
 }
 
 fn send_all(mut stream: &Transport, header: &[u8], payload: &[u8]) -> io::Result<()> {
-    let mut slices = [IoSlice::new(header), IoSlice::new(payload)];
-    let mut bufs = &mut slices[..];
-    while !bufs.is_empty() {
-        match stream.write_vectored(bufs) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
+    write_all_vectored(
+        &mut stream,
+        &mut [IoSlice::new(header), IoSlice::new(payload)],
+    )
 }
 
 impl Conn {

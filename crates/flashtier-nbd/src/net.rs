@@ -1,7 +1,7 @@
 //! Where the server listens: a unix socket (the default) or TCP, and the stream type both yield.
 
 use std::fmt;
-use std::io::{self, Read, Write};
+use std::io::{self, IoSlice, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
 use std::os::unix::io::{AsRawFd, RawFd};
@@ -415,9 +415,52 @@ impl Write for Stream {
     }
 }
 
+/// Writes `bufs` whole, then flushes (a TLS stream holds back what it has not flushed).
+pub(crate) fn write_all_vectored<W: Write + ?Sized>(
+    w: &mut W,
+    mut bufs: &mut [IoSlice<'_>],
+) -> io::Result<()> {
+    IoSlice::advance_slices(&mut bufs, 0);
+    while !bufs.is_empty() {
+        match w.write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    w.flush()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vectored_write_survives_short_writes() {
+        struct Dribble(Vec<u8>);
+        impl Write for Dribble {
+            fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+                let n = b.len().min(3);
+                self.0.extend_from_slice(&b[..n]);
+                Ok(n)
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut w = Dribble(Vec::new());
+        write_all_vectored(
+            &mut w,
+            &mut [
+                IoSlice::new(b"hello "),
+                IoSlice::new(b""),
+                IoSlice::new(b"world"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(w.0, b"hello world");
+    }
     use std::os::unix::fs::PermissionsExt;
 
     #[test]

@@ -30,6 +30,8 @@ use std::io::{self, IoSlice, Write};
 
 use parking_lot::{Mutex, MutexGuard};
 
+use crate::net::write_all_vectored;
+
 /// Largest reply (header and payload) a thread copies into the queue rather than wait for the
 /// stream. A 4 KiB read's reply copies in well under a microsecond; much larger ones would cost
 /// more to copy than to wait.
@@ -140,54 +142,12 @@ fn write_reply<W: Write + ?Sized>(
     written
 }
 
-pub(crate) fn write_all_vectored<W: Write + ?Sized>(
-    w: &mut W,
-    mut bufs: &mut [IoSlice<'_>],
-) -> io::Result<()> {
-    IoSlice::advance_slices(&mut bufs, 0);
-    while !bufs.is_empty() {
-        match w.write_vectored(bufs) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    w.flush()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Condvar};
     use std::time::Duration;
-
-    #[test]
-    fn vectored_write_survives_short_writes() {
-        struct Dribble(Vec<u8>);
-        impl Write for Dribble {
-            fn write(&mut self, b: &[u8]) -> io::Result<usize> {
-                let n = b.len().min(3);
-                self.0.extend_from_slice(&b[..n]);
-                Ok(n)
-            }
-            fn flush(&mut self) -> io::Result<()> {
-                Ok(())
-            }
-        }
-        let mut w = Dribble(Vec::new());
-        write_all_vectored(
-            &mut w,
-            &mut [
-                IoSlice::new(b"hello "),
-                IoSlice::new(b""),
-                IoSlice::new(b"world"),
-            ],
-        )
-        .unwrap();
-        assert_eq!(w.0, b"hello world");
-    }
 
     type Shared<T> = Arc<std::sync::Mutex<T>>;
     /// How many of the stream's stops the test has let writes pass.
