@@ -15,9 +15,13 @@ Configurations (the storage under the NBD export):
   ft-wb, ft-wt, ft-wa
                  flashtier serve --mode writeback / writethrough / writearound over the slow disk,
                  its cache a file of CACHE bytes on the local disk (O_DIRECT), in the same cgroup limit
-  (flashtier + memcached: not in this matrix; bench/memcached.py runs flashtier pass-through, `serve`
-  without --cache, over the slow disk with and without a memcached tier, through this script's
-  one_run with the ft-pass stack below)
+  ft-wb+mc       ft-wb with a pool of memcached servers below its cache (`--memcached ADDR,ADDR
+                 --memcached-mode inclusive`): --mc-servers fresh memcached processes on loopback,
+                 together given room for --mc-factor × the data's blocks (memcached 1.6 stores a
+                 4 KiB block in a 4,544-byte chunk); their CPU counts as storage CPU. Run where the
+                 SSD cache holds less than the data (1× and 0.5×), the case a second-level cache is for.
+                 (bench/memcached.py runs WaffleGrid's experiment: flashtier pass-through, `serve`
+                 without --cache, with and without a memcached tier, through this script's one_run.)
   ssd-direct     all on the local disk ("the SSD"), no page cache: `nbdkit file IMG cache=none`
   ssd-pagecache  all on the local disk through the page cache: plain `nbdkit file IMG`
 
@@ -27,9 +31,10 @@ the data), 1× and 0.5×. The full run covers every configuration and factor wit
   base (16K, doublewrite ON, cache 2×): every configuration
   doublewrite OFF: ft-wb, ssd-direct, ssd-pagecache
   4K pages (doublewrite ON and OFF): ft-wb, ssd-direct
-  cache 1× and 0.5× the data: ft-wb, nbdkit-cache
---quick runs slow, ft-wb and ssd-direct at the base factors on small data and checks the results
-are sane (TPS > 0, sysbench exits 0, the JSON is written); any failure exits non-zero.
+  cache 1× and 0.5× the data: ft-wb, ft-wb+mc, nbdkit-cache
+--quick runs slow, ft-wb and ssd-direct at the base factors and ft-wb+mc at 0.5× on small data and
+checks the results are sane (TPS > 0, sysbench exits 0, the JSON is written, ft-wb+mc's memcached
+tier stored blocks and was hit); any failure exits non-zero.
 
 The database is prepared once per page size on a plain local image (ext4 on a loop device,
 mariadb-install-db, sysbench prepare with a large buffer pool, a slow shutdown) and kept in --workdir
@@ -55,7 +60,8 @@ machine's VM has no hardware counters) and `strace -c -f` of flashtier for 10 s;
 oltp_profile_raw.{md,json}.
 
 Writes bench/results/oltp.{md,json,png} (--quick: /tmp/flashtier-bench-quick). Needs root (loop
-devices, mounts, memory cgroups), /dev/fuse, nbdkit, nbdfuse, mariadbd, sysbench, python3-libnbd.
+devices, mounts, memory cgroups), /dev/fuse, nbdkit, nbdfuse, mariadbd, sysbench, python3-libnbd,
+memcached.
 """
 
 import argparse
@@ -73,6 +79,7 @@ from collections import namedtuple
 from pathlib import Path
 
 import benchlib as bl
+from memcached_pool import BLOCK, ITEMS_PER_MIB, MEMCACHED, MemcachedPool, pool_totals
 
 CONFIGS = {
     "slow": "slow disk alone",
@@ -80,17 +87,19 @@ CONFIGS = {
     "ft-wb": "flashtier write-back over the slow disk",
     "ft-wt": "flashtier write-through over the slow disk",
     "ft-wa": "flashtier write-around over the slow disk",
-    # flashtier + memcached: bench/memcached.py (PASS below), not part of this matrix.
+    "ft-wb+mc": "flashtier write-back with a memcached pool (inclusive) below its cache, over the slow disk",
     "ssd-direct": "all on the SSD, no page cache (nbdkit file cache=none)",
     "ssd-pagecache": "all on the SSD through the page cache (nbdkit file)",
 }
 RUNDIR = Path("/run") / f"flashtier-oltp-{os.getpid()}"  # tmpfs: flashtier's control socket, stats file
-CACHED = ("nbdkit-cache", "ft-wb", "ft-wt", "ft-wa")
-FT_MODES = {"ft-wb": "writeback", "ft-wt": "writethrough", "ft-wa": "writearound"}
+MC = "ft-wb+mc"
+CACHED = ("nbdkit-cache", "ft-wb", "ft-wt", "ft-wa", MC)
+FT_MODES = {"ft-wb": "writeback", "ft-wt": "writethrough", "ft-wa": "writearound", MC: "writeback"}
 WARMED = (*CACHED, "ssd-pagecache")
 # flashtier pass-through (`serve` without --cache) over the slow disk, plus the serve arguments
 # one_run's `serve_extra` gives (e.g. a memcached tier): every configuration named PASS or
 # PASS+SUFFIX. Not in CONFIGS, so not in this script's matrix; bench/memcached.py runs them.
+# (MC is a configuration of this matrix: its pool is one_run's, and comes after `serve_extra`.)
 PASS = "ft-pass"
 
 Cell = namedtuple("Cell", "config page_kib doublewrite cache_factor")
@@ -110,25 +119,31 @@ def base_cell(config, page_kib=16, doublewrite=True, cache_factor=2.0):
     return Cell(config, page_kib, doublewrite, cache_factor if config in CACHED else None)
 
 
+def home_cell(config):
+    """A configuration's cell at the base factors, but ft-wb+mc's at 0.5×: with a cache larger than
+    the data its memcached tier would see no reads."""
+    return base_cell(config, cache_factor=0.5) if config == MC else base_cell(config)
+
+
 def cell_of_key(key):
     """The cell a key names when it is a cached configuration's cell at any cache factor
     (e.g. ft-wb/16k/dwon/cache10x), else None."""
-    m = re.fullmatch(r"([a-z-]+)/(4|16)k/dw(on|off)/cache([0-9]+(?:\.[0-9]+)?)x", key)
+    m = re.fullmatch(r"([a-z+-]+)/(4|16)k/dw(on|off)/cache([0-9]+(?:\.[0-9]+)?)x", key)
     if not m or m[1] not in CACHED or float(m[4]) <= 0:
         return None
     return Cell(m[1], int(m[2]), m[3] == "on", float(m[4]))
 
 
 def full_matrix():
-    cells = [base_cell(c) for c in CONFIGS]
+    cells = [base_cell(c) for c in CONFIGS if c != MC]
     cells += [base_cell(c, doublewrite=False) for c in ("ft-wb", "ssd-direct", "ssd-pagecache")]
     cells += [base_cell(c, page_kib=4, doublewrite=dw) for dw in (True, False) for c in ("ft-wb", "ssd-direct")]
-    cells += [base_cell(c, cache_factor=f) for f in (1.0, 0.5) for c in ("ft-wb", "nbdkit-cache")]
+    cells += [base_cell(c, cache_factor=f) for f in (1.0, 0.5) for c in ("ft-wb", MC, "nbdkit-cache")]
     return cells
 
 
 def quick_matrix():
-    return [base_cell(c) for c in ("slow", "ft-wb", "ssd-direct")]
+    return [home_cell(c) for c in ("slow", "ft-wb", "ssd-direct", MC)]
 
 
 # --- MariaDB and sysbench -----------------------------------------------------------------------
@@ -353,10 +368,14 @@ def warm_through(uri, ranges, chunk=1 << 20):
 
 class Stack:
     """The storage of one cell: its servers (started in order), the NBD URI mariadbd's stack uses,
-    flashtier's control socket, and what it wrote before the measured run."""
+    flashtier's control socket, and what it wrote before the measured run. `helpers`: processes the
+    storage uses beside its NBD servers (ft-wb+mc's memcached servers), counted in its CPU; their
+    owner starts and stops them."""
 
-    def __init__(self, cell, disk: Path, rd: Path, args, binary, cache_bytes, work: Path, serve_extra=()):
+    def __init__(self, cell, disk: Path, rd: Path, args, binary, cache_bytes, work: Path, serve_extra=(),
+                 helpers=()):
         self.servers, self.cgroups, self.control, self.reqlog, self.statsf = [], [], None, None, None
+        self.helpers = list(helpers)
         self.format_output = None
         c = cell.config
         if c in ("ssd-direct", "ssd-pagecache"):
@@ -396,12 +415,12 @@ class Stack:
             s = bl.flashtier_cache_serve(binary, cache, slow.uri, rd / "ft.sock", rd / "ft.log",
                                          mode=FT_MODES[c], threads=args.threads, cgroup=cg,
                                          extra=["--control-socket", str(self.control),
-                                                "--stats-file", str(RUNDIR / "ft.stats")])
+                                                "--stats-file", str(RUNDIR / "ft.stats"), *serve_extra])
         self.servers.append(s)
         self.uri = s.uri
 
     def cpu(self):
-        return sum(s.cpu_seconds() for s in self.servers)
+        return sum(s.cpu_seconds() for s in [*self.servers, *self.helpers])
 
     def flashtier(self):
         return self.servers[-1] if self.control else None
@@ -416,7 +435,8 @@ class Stack:
 def cpu_snapshot(stack, db, fuse):
     return {"storage": stack.cpu(), "mariadbd": db.server.cpu_seconds(),
             "nbdfuse": bl.proc_cpu_seconds(fuse.pid),
-            "per_server": {f"{s.name}#{i}": s.cpu_seconds() for i, s in enumerate(stack.servers)}}
+            "per_server": {**{f"{s.name}#{i}": s.cpu_seconds() for i, s in enumerate(stack.servers)},
+                           **{f"memcached#{i}": h.cpu_seconds() for i, h in enumerate(stack.helpers)}}}
 
 
 def one_run(cell, rnd, args, binary, work, images, cache_sizes, logs_root, profile=False, serve_extra=(),
@@ -438,9 +458,14 @@ def one_run(cell, rnd, args, binary, work, images, cache_sizes, logs_root, profi
     bl.evict_from_page_cache(disk)
     cache_bytes = cache_sizes[(cell.page_kib, cell.cache_factor)] if cell.cache_factor else None
     rec = {"cell": cell._asdict(), "key": cell_key(cell), "round": rnd, "cache_bytes": cache_bytes}
-    stack = fuse = db = None
+    stack = fuse = db = pool = None
     try:
-        stack = Stack(cell, disk, rd, args, binary, cache_bytes, work, serve_extra)
+        if cell.config == MC:
+            pool = MemcachedPool(args.mc_servers, mc_mib_each(args, img), logs)
+            serve_extra = [*serve_extra, "--memcached", pool.arg, "--memcached-mode", "inclusive"]
+            rec["serve_extra"] = serve_extra
+        stack = Stack(cell, disk, rd, args, binary, cache_bytes, work, serve_extra,
+                      helpers=pool.servers if pool else ())
         rec["format_output"] = stack.format_output
         if callable(warm):
             rec["warm"] = warm(stack, data_ranges(disk))
@@ -463,6 +488,8 @@ def one_run(cell, rnd, args, binary, work, images, cache_sizes, logs_root, profi
         res, prof = run_sysbench(db, args, args.seconds, rd / "sysbench.txt", during)
         cpu1 = cpu_snapshot(stack, db, fuse)
         rec["flashtier_after"] = bl.flashtier_report(binary, stack.control) if ft else None
+        if pool is not None:
+            rec["memcached_servers"] = pool.stats()
         rec["sysbench"] = res
         rec["cpu_seconds"] = {k: cpu1[k] - cpu0[k] for k in ("storage", "mariadbd", "nbdfuse")}
         rec["cpu_seconds"]["per_server"] = {k: cpu1["per_server"][k] - cpu0["per_server"][k] for k in cpu0["per_server"]}
@@ -476,6 +503,8 @@ def one_run(cell, rnd, args, binary, work, images, cache_sizes, logs_root, profi
             fuse.stop()
         if stack is not None:
             stack.stop()
+        if pool is not None:
+            pool.stop()
         for f in [*rd.glob("*.log"), *rd.glob("*.txt"), *(rd / "db").glob("*.err"), *(rd / "db").glob("*.out"),
                   rd / "db" / "my.cnf"]:
             try:
@@ -490,6 +519,13 @@ def one_run(cell, rnd, args, binary, work, images, cache_sizes, logs_root, profi
     (logs / "slow.requests.log").unlink(missing_ok=True)
     rec["run_seconds"] = round(time.time() - t_start, 1)
     return rec
+
+
+def mc_mib_each(args, img: Path):
+    """Memory (-m, MiB) of each of ft-wb+mc's memcached servers: room for --mc-factor × the blocks
+    of the image's data, spread over --mc-servers."""
+    blocks = img.stat().st_blocks * 512 // BLOCK
+    return -(-int(args.mc_factor * blocks) // (args.mc_servers * ITEMS_PER_MIB))
 
 
 def profile_windows(t0, args, ft, db, fuse, rd):
@@ -591,6 +627,10 @@ def targets(rows):
     wb4_off, ssd4 = cell_key(base_cell("ft-wb", 4, False)), cell_key(base_cell("ssd-direct", 4, True))
     if wb4_off in by and ssd4 in by:
         info["ft-wb dw OFF ÷ ssd-direct dw ON (4K pages)"] = ratio(wb4_off, ssd4)
+    for f in (1.0, 0.5):
+        mc, alone = cell_key(base_cell(MC, cache_factor=f)), cell_key(base_cell("ft-wb", cache_factor=f))
+        if mc in by and alone in by:
+            info[f"ft-wb+mc ÷ ft-wb (cache {f:g}× data)"] = ratio(mc, alone)
     return [(what, ("✓ MET" if m == "✓" else "✗ NOT MET" if m == "✗" else m, gap)) for what, (m, gap) in out], info
 
 
@@ -657,7 +697,7 @@ def report(args, machine, cells, runs, images, cache_sizes, wall, out):
                      f"{r['tps']:,.1f} | {r['p95_ms']:,.1f} | {r['storage_cpu_s_per_1000']:.2f} | "
                      f"{r['mariadbd_cpu_s_per_1000']:.2f} | {r['cv']:.3f} | {bk} | {r['ignored_errors']:.0f} |")
     lines += ["", "Configurations: " + "; ".join(f"**{k}**: {v}" for k, v in CONFIGS.items())
-              + ". flashtier + memcached: bench/memcached.py (not in this matrix).", ""]
+              + ". (flashtier pass-through with memcached, WaffleGrid's experiment: bench/memcached.py.)", ""]
     if tgts:
         lines += ["Targets (issue 14), measured in this run:", "", *bl.targets_table(tgts), ""]
     if info:
@@ -680,6 +720,7 @@ def report(args, machine, cells, runs, images, cache_sizes, wall, out):
                              else "?")
             lines.append(f"| {cell_label(Cell(**r['cell']))} round {r['round'] + 1} | " + " | ".join(cells_txt) + " |")
         lines.append("")
+    lines += memcached_table(runs)
     lines += ["Per run (seconds): " + "; ".join(
         f"{r['key']} r{r['round'] + 1}: {r['run_seconds']:.0f} s" + (f" (warm {r['warm']['seconds']:.0f} s)" if r.get('warm') else "")
         for r in runs), "",
@@ -689,6 +730,40 @@ def report(args, machine, cells, runs, images, cache_sizes, wall, out):
     bl.write_results(out, "oltp", doc, lines)
     plot(out / "oltp.png", cells, runs, rows, args)
     return rows
+
+
+def mc_figures(rec):
+    """What a ft-wb+mc run's memcached tier did: flashtier's counters (blocks looked up, hit and stored
+    during the measured run, stored while warming) and memcached's own at the end of the run."""
+    fc = rec.get("flashtier_counters") or flashtier_delta(rec)
+    warm = flatten((rec.get("warm") or {}).get("flashtier"))
+    out = {f: (fc.get(f"counters.memcached_{f}_blocks") or {}).get("delta") for f in ("lookup", "hit", "stored")}
+    out["stored_while_warming"] = warm.get("counters.memcached_stored_blocks")
+    out["hits_since_start"] = (fc.get("counters.memcached_hit_blocks") or {}).get("after")
+    out["memcached"] = pool_totals(rec.get("memcached_servers"))
+    return out
+
+
+def memcached_table(runs):
+    mc_runs = [r for r in runs if r["cell"]["config"] == MC]
+    if not mc_runs:
+        return []
+    lines = ["ft-wb+mc's memcached tier over each measured run (flashtier's `memcached_*_blocks` counters; "
+             "memcached's `stats` at the end of the run, all servers):", "",
+             "| run | blocks looked up | hits | hit % | stored | stored while warming | memcached items | "
+             "memcached evictions | memcached CPU s, whole run |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def n(x):
+        return "?" if x is None else f"{x:,.0f}"
+    for r in mc_runs:
+        m = mc_figures(r)
+        pool = m["memcached"] or {}
+        hit_pct = f"{100 * m['hit'] / m['lookup']:.1f}" if m["lookup"] and m["hit"] is not None else "?"
+        cpu = pool.get("cpu_seconds")
+        lines.append(f"| {cell_label(Cell(**r['cell']))} round {r['round'] + 1} | {n(m['lookup'])} | {n(m['hit'])} | "
+                     f"{hit_pct} | {n(m['stored'])} | {n(m['stored_while_warming'])} | {n(pool.get('curr_items'))} | "
+                     f"{n(pool.get('evictions'))} | {'?' if cpu is None else f'{cpu:.1f}'} |")
+    return lines + [""]
 
 
 def plot(path, cells, runs, rows, args):
@@ -827,6 +902,11 @@ def main():
                          "(e.g. ft-wb/16k/dwon/cache2x,ssd-direct/16k/dwon); combines with --only. A "
                          "cached configuration's cell may name any cache factor (e.g. "
                          "ft-wb/16k/dwon/cache10x: a cache that reclaim never has to empty in a run)")
+    ap.add_argument("--mc-servers", type=int, default=2,
+                    help="memcached servers of ft-wb+mc's pool, on loopback ports (default 2)")
+    ap.add_argument("--mc-factor", type=float, default=1.25,
+                    help="room in ft-wb+mc's memcached pool, as a multiple of the data's 4 KiB blocks "
+                         "(default 1.25: all of it, and the blocks written meanwhile)")
     ap.add_argument("--profile", action="store_true",
                     help="profile one ft-wb run (base factors) instead of the matrix: perf stat, perf record, "
                          "strace -c; writes oltp_profile_raw.{md,json}")
@@ -840,8 +920,6 @@ def main():
     if args.profile and args.seconds < 2.5 * args.profile_window + 5:
         ap.error("--profile needs --seconds ≥ 2.5 × --profile-window + 5")
     t_all = time.time()
-    binary, work, machine = setup_run(args, *(["perf", "strace"] if args.profile else []))
-
     cells = [base_cell("ft-wb")] if args.profile else quick_matrix() if args.quick else full_matrix()
     if args.only:
         wanted = set(args.only.split(","))
@@ -849,7 +927,7 @@ def main():
         if unknown:
             ap.error(f"--only: unknown configurations {', '.join(sorted(unknown))}")
         # --quick --only: the base cell of each named configuration (a quick check of any of them).
-        cells = [base_cell(c) for c in CONFIGS if c in wanted] if args.quick else \
+        cells = [home_cell(c) for c in CONFIGS if c in wanted] if args.quick else \
             [c for c in cells if c.config in wanted]
     if args.cells:
         keys = args.cells.split(",")
@@ -864,6 +942,11 @@ def main():
         cells = [c for c in cells + extra if cell_key(c) in keys]
         if not cells:
             ap.error("--cells: none of these cells is in the selected matrix")
+    with_mc = any(c.config == MC for c in cells)
+    binary, work, machine = setup_run(args, *(["perf", "strace"] if args.profile else []),
+                                      *([MEMCACHED] if with_mc else []))
+    if with_mc:
+        machine["memcached"] = bl._first_line([MEMCACHED, "--version"])
     images = {p: prepared_image(args, work, p) for p in sorted({c.page_kib for c in cells}, reverse=True)}
     cache_sizes = {}
     for c in cells:
@@ -895,6 +978,12 @@ def main():
     bad = [r["key"] for r in runs if not r["sysbench"]["tps"] > 0]
     if bad:
         sys.exit(f"no transactions in: {', '.join(bad)}")
+    for r in runs:
+        if r["cell"]["config"] == MC:
+            m = mc_figures(r)
+            if not (m["stored_while_warming"] and m["hits_since_start"]):
+                sys.exit(f"{r['key']}: the memcached tier stored {m['stored_while_warming']} blocks while warming "
+                         f"and was hit {m['hits_since_start']} times: is it wired to flashtier?")
     print(f"whole run: {(time.time() - t_all) / 60:.1f} min", flush=True)
 
 
