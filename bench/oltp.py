@@ -376,6 +376,8 @@ class Stack:
                  helpers=()):
         self.servers, self.cgroups, self.control, self.reqlog, self.statsf = [], [], None, None, None
         self.helpers = list(helpers)
+        # --ft-set (bench/memcached.py's arguments have none)
+        ft_set = [x for kv in getattr(args, "ft_set", None) or [] for x in ("--set", kv)]
         self.format_output = None
         c = cell.config
         if c in ("ssd-direct", "ssd-pagecache"):
@@ -396,7 +398,7 @@ class Stack:
             s = bl.flashtier_serve(binary, slow.uri, rd / "ft.sock", rd / "ft.log",
                                    extra=[*(["--threads", str(args.threads)] if args.threads else []),
                                           "--control-socket", str(self.control),
-                                          "--stats-file", str(RUNDIR / "ft.stats"), *serve_extra])
+                                          "--stats-file", str(RUNDIR / "ft.stats"), *ft_set, *serve_extra])
             self.servers.append(s)
             self.uri = s.uri
             return
@@ -415,7 +417,7 @@ class Stack:
             s = bl.flashtier_cache_serve(binary, cache, slow.uri, rd / "ft.sock", rd / "ft.log",
                                          mode=FT_MODES[c], threads=args.threads, cgroup=cg,
                                          extra=["--control-socket", str(self.control),
-                                                "--stats-file", str(RUNDIR / "ft.stats"), *serve_extra])
+                                                "--stats-file", str(RUNDIR / "ft.stats"), *ft_set, *serve_extra])
         self.servers.append(s)
         self.uri = s.uri
 
@@ -705,9 +707,11 @@ def report(args, machine, cells, runs, images, cache_sizes, wall, out):
     ft_runs = [r for r in runs if r.get("flashtier_counters")]
     if ft_runs:
         lines += ["flashtier's counters over each measured run (`flashtier stats --json` after minus before; "
-                  "all counters in oltp.json):", "",
-                  "| run | " + " | ".join(h for h, _ in FT_SHOW) + " | read hit % |",
-                  "|---|" + "---:|" * (len(FT_SHOW) + 1)]
+                  "all counters in oltp.json). Device ÷ client writes: the bytes flashtier wrote to the cache "
+                  "device (log, blocks moved by reclaim, checkpoints) per byte the clients wrote, what the SSD's "
+                  "endurance pays:", "",
+                  "| run | " + " | ".join(h for h, _ in FT_SHOW) + " | read hit % | device ÷ client writes |",
+                  "|---|" + "---:|" * (len(FT_SHOW) + 2)]
         for r in ft_runs:
             fc = r["flashtier_counters"]
             cells_txt = []
@@ -718,6 +722,8 @@ def report(args, machine, cells, runs, images, cache_sizes, wall, out):
             hit, miss = (fc.get(f"counters.read_{k}_blocks", {}).get("delta") for k in ("hit", "miss"))
             cells_txt.append(f"{100 * hit / (hit + miss):.1f}" if hit is not None and miss is not None and hit + miss
                              else "?")
+            dev, cli = (fc.get(f"counters.{k}_write_bytes", {}).get("delta") for k in ("cache", "client"))
+            cells_txt.append(f"{dev / cli:.1f}×" if dev is not None and cli else "?")
             lines.append(f"| {cell_label(Cell(**r['cell']))} round {r['round'] + 1} | " + " | ".join(cells_txt) + " |")
         lines.append("")
     lines += memcached_table(runs)
@@ -787,7 +793,8 @@ def plot(path, cells, runs, rows, args):
     ax0.set_xlabel("seconds of the measured run")
     ax0.set_ylabel("TPS per 10 s (log)")
     ax0.set_title("Base factors (16K pages, doublewrite ON, cache 2× data): per-10-second TPS, first round")
-    ax0.legend(fontsize=8, ncol=4)
+    if base:
+        ax0.legend(fontsize=8, ncol=4)
     for k, c in enumerate(cells):
         ax = fig.add_subplot(gs[1 + k // cols, k % cols])
         for j, r in enumerate(r for r in runs if r["key"] == cell_key(c)):
@@ -902,6 +909,9 @@ def main():
                          "(e.g. ft-wb/16k/dwon/cache2x,ssd-direct/16k/dwon); combines with --only. A "
                          "cached configuration's cell may name any cache factor (e.g. "
                          "ft-wb/16k/dwon/cache10x: a cache that reclaim never has to empty in a run)")
+    ap.add_argument("--ft-set", action="append", metavar="NAME=VALUE",
+                    help="a live parameter for every `flashtier serve` of the run (its --set), e.g. "
+                         "reclaim_compact_pct=90; repeatable. Recorded in the JSON's args.")
     ap.add_argument("--mc-servers", type=int, default=2,
                     help="memcached servers of ft-wb+mc's pool, on loopback ports (default 2)")
     ap.add_argument("--mc-factor", type=float, default=1.25,
