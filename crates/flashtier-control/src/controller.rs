@@ -810,24 +810,30 @@ impl Controller {
     }
 
     fn wear(&self, now: u64, raw: &Counters) -> Wear {
-        let written = wear_counter(raw);
+        let counters = wear_counter(raw);
         // The day window (or what there is of it), once it spans a minute: a rate extrapolated
         // from a few seconds of start-up writes would be noise.
-        let windows = self.wear_sampler.lock().windows(now, &written);
+        let windows = self.wear_sampler.lock().windows(now, &counters);
         let day = windows.iter().rev().find(|w| w.name != TOTAL);
-        let written = written.first().map_or(0, |c| c.1);
-        let (bytes_per_day, days_to_rated_tbw) = match (day, self.cache()) {
+        let value = |cs: &[(&'static str, u64)], name: &str| {
+            cs.iter().find(|c| c.0 == name).map_or(0, |c| c.1)
+        };
+        let written = value(&counters, DEVICE_WRITES);
+        let (bytes_per_day, days_to_rated_tbw, write_amplification) = match (day, self.cache()) {
             (Some(w), Some(_)) => {
-                let delta = w.deltas.first().map_or(0, |c| c.1);
-                forecast(delta, w.secs, written, self.endurance_tbw)
+                let device = value(&w.deltas, DEVICE_WRITES);
+                let (rate, days) = forecast(device, w.secs, written, self.endurance_tbw);
+                let clients = value(&w.deltas, CLIENT_WRITES);
+                (rate, days, amplification(device, clients, w.secs))
             }
-            _ => (None, None),
+            _ => (None, None, None),
         };
         Wear {
             cache_bytes_written: written,
             bytes_per_day,
             endurance_tbw: self.endurance_tbw,
             days_to_rated_tbw,
+            write_amplification,
         }
     }
 
@@ -1542,12 +1548,23 @@ fn forecast(delta: u64, secs: u64, written: u64, tbw: Option<f64>) -> (Option<f6
     (Some(rate), days)
 }
 
-/// The counter the wear figures come from: bytes written to the cache device.
+/// Bytes the cache device's wear figures count, and the clients' writes they are set against.
+const DEVICE_WRITES: &str = "cache_write_bytes";
+const CLIENT_WRITES: &str = "client_write_bytes";
+
+/// The counters the wear figures come from: bytes written to the cache device and by clients.
 fn wear_counter(raw: &Counters) -> Counters {
     raw.iter()
-        .filter(|c| c.0 == "cache_write_bytes")
+        .filter(|c| c.0 == DEVICE_WRITES || c.0 == CLIENT_WRITES)
         .copied()
         .collect()
+}
+
+/// Bytes written to the cache device per byte clients wrote over a window of `secs`: what the
+/// cache's own writes (log headers, blocks reclaim copies forward, checkpoints, promotions)
+/// multiply the clients' by. None before a minute (as the rate) or without client writes.
+fn amplification(device: u64, clients: u64, secs: u64) -> Option<f64> {
+    (secs >= MIN_RATE_SECS && clients > 0).then(|| device as f64 / clients as f64)
 }
 
 /// Turns the memcached tier on or off, saying so in the log when that changes something.
@@ -2202,6 +2219,18 @@ pub(crate) mod tests {
             "no writes"
         );
         assert_eq!(forecast(10, 3600, 0, None).1, None, "no rating");
+    }
+
+    #[test]
+    fn write_amplification_sets_the_device_against_the_clients() {
+        assert_eq!(amplification(4 << 30, 1 << 30, 3600), Some(4.0));
+        assert_eq!(amplification(3 << 20, 2 << 20, 60), Some(1.5));
+        assert_eq!(amplification(4 << 30, 1 << 30, 59), None, "too early");
+        assert_eq!(
+            amplification(1 << 20, 0, 3600),
+            None,
+            "promotions alone: no client write to set them against"
+        );
     }
 
     #[test]

@@ -441,6 +441,12 @@ impl Report {
              --endurance-tbw)",
             w.days_to_rated_tbw,
         );
+        o.gauge_if_known(
+            "flashtier_wear_write_amplification",
+            "Bytes written to the cache device per byte clients wrote, recently (known once it \
+             spans a minute of client writes)",
+            w.write_amplification,
+        );
 
         if !self.params.0.is_empty() {
             let name = "flashtier_param";

@@ -684,6 +684,9 @@ impl Report {
         if let Some(rate) = w.bytes_per_day {
             let _ = write!(s, ", {}/day lately", fmt_bytes(rate as u64));
         }
+        if let Some(x) = w.write_amplification {
+            let _ = write!(s, ", {x:.1}× what the clients wrote");
+        }
         match (w.endurance_tbw, w.days_to_rated_tbw) {
             (Some(tbw), Some(days)) => {
                 let _ = write!(
@@ -757,6 +760,7 @@ impl Report {
         line("wear_bytes_per_day", &opt(w.bytes_per_day));
         line("wear_endurance_tbw", &opt(w.endurance_tbw));
         line("wear_days_to_rated_tbw", &opt(w.days_to_rated_tbw));
+        line("wear_write_amplification", &opt(w.write_amplification));
         if let Some(sc) = &self.scrub {
             line("scrub_done", &sc.done);
             line("scrub_checked_blocks", &sc.checked_blocks);
@@ -859,6 +863,34 @@ mod tests {
         let r = passthrough().0.report();
         assert!(r.render_status().contains("no cache"));
         assert!(!r.render_table().contains("hit %"));
+    }
+
+    /// The write amplification shows in the wear line, the stats file and Prometheus once the
+    /// server knows it, and nowhere before (a minute of client writes).
+    #[test]
+    fn write_amplification_shows_once_known() {
+        let (c, dev) = cached(None);
+        dev.write_at(&[1u8; 4096], 0, false).unwrap();
+        let mut r = c.report();
+        assert_eq!(r.wear.write_amplification, None, "the first minute");
+        assert!(!r.render_wear().contains("what the clients wrote"));
+        assert!(r.to_stats_text().contains("\nwear_write_amplification -\n"));
+        r.wear.bytes_per_day = Some(2e12);
+        r.wear.write_amplification = Some(3.667);
+        assert!(
+            r.render_wear()
+                .contains("/day lately, 3.7× what the clients wrote"),
+            "{}",
+            r.render_wear()
+        );
+        assert!(r
+            .to_stats_text()
+            .contains("\nwear_write_amplification 3.67\n"));
+        let metrics = r.to_prometheus();
+        assert!(
+            metrics.contains("\nflashtier_wear_write_amplification 3.667\n"),
+            "{metrics}"
+        );
     }
 
     /// The cache row names ghost hits only when the engine counts them (`ghost_hit_blocks`),

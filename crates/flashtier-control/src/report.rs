@@ -389,6 +389,11 @@ pub struct Wear {
     pub endurance_tbw: Option<f64>,
     /// Days until the rated TBW at `bytes_per_day`; null without a rating or without writes.
     pub days_to_rated_tbw: Option<f64>,
+    /// Bytes written to the cache device per byte the clients wrote, over the same window as
+    /// `bytes_per_day` (log headers, blocks reclaim copied forward, checkpoints and promotions
+    /// on top of the clients' data); null during the first minute or without client writes.
+    #[serde(default)]
+    pub write_amplification: Option<f64>,
 }
 
 /// The RAM tier (`serve --ram-cache`): its eviction order, its sizes and its counters.
