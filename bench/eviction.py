@@ -16,6 +16,9 @@ server is sent, and fio sends them through the nbd engine at QD16. Then:
   LRU at live   exact LRU holding only as many blocks as flashtier held live at the end
   live          live blocks / capacity at the end (status), and the share of log slots that
                 went to batch headers (batches / (batches + blocks written to the log))
+  device ÷ client writes
+                bytes written to the cache device (log, blocks reclaim moved, checkpoints) per
+                byte the clients wrote: what keeping the cache costs the SSD's endurance
   advise --engine
                 the trace the server recorded, replayed whole by `flashtier advise --engine` into
                 a real cache of the same capacity at the pace the server took it: the advisor's
@@ -150,21 +153,25 @@ def measure(binary, work, name, cache_bytes, backing: Path, driver, args, rmw_bl
     reads = c["read_hit_blocks"] + c["read_miss_blocks"]
     sims = advise(binary, trace, [capacity * 4096, cached * 4096])
     # A write that covers a 4K block only in part reads the block first (read-modify-write), and
-    # the server counts that read as a hit or a miss too: its counters hold the trace's block reads
-    # plus those.
-    if reads - sims["reads"] != rmw_blocks:
+    # the server counts that read as a hit or a miss too, unless the block came from memory (the
+    # partial write before it ended in that block and nothing changed it since:
+    # partial_write_blocks_from_memory): its counters hold the trace's block reads plus the others.
+    from_memory = c.get("partial_write_blocks_from_memory", 0)
+    rmw_reads = rmw_blocks - from_memory
+    if reads - sims["reads"] != rmw_reads:
         sys.exit(f"{name}: the server counted {reads:,} block reads; its trace holds {sims['reads']:,}, and its "
-                 f"writes cover {rmw_blocks:,} blocks in part")
+                 f"writes cover {rmw_blocks:,} blocks in part, {from_memory:,} of them taken from memory")
     full, at_live = sims["curve"][0], sims["curve"][1]
     data_written = c["write_blocks"] - c.get("bypassed_write_blocks", 0) + c["promoted_blocks"] + c["moved_blocks"]
     r = {
         "workload": name, "seconds": round(seconds, 1), "cache_bytes": cache_bytes,
         "block_reads": reads, "block_writes": c["write_blocks"], "trace_block_writes": sims["writes"],
         "flashtier_miss_ratio": c["read_miss_blocks"] / reads,
-        "trace_block_reads": sims["reads"], "rmw_block_reads": rmw_blocks,
+        "trace_block_reads": sims["reads"], "rmw_block_reads": rmw_reads, "rmw_blocks": rmw_blocks,
+        "rmw_blocks_from_memory": from_memory,
         # The miss ratio of the trace's reads alone: the read-modify-write reads were all hits, or
         # all misses.
-        "flashtier_miss_ratio_range": [max(c["read_miss_blocks"] - rmw_blocks, 0) / sims["reads"],
+        "flashtier_miss_ratio_range": [max(c["read_miss_blocks"] - rmw_reads, 0) / sims["reads"],
                                        c["read_miss_blocks"] / sims["reads"]],
         "lru_miss_ratio": full["lru_miss_ratio"], "s3fifo_miss_ratio": full["s3fifo_miss_ratio"],
         "fifo_miss_ratio": full["fifo_miss_ratio"], "lru_at_live_miss_ratio": at_live["lru_miss_ratio"],
@@ -174,6 +181,9 @@ def measure(binary, work, name, cache_bytes, backing: Path, driver, args, rmw_bl
         "write_hit_blocks": c["write_hit_blocks"], "bypassed_read_blocks": c.get("bypassed_read_blocks"),
         "bypassed_write_blocks": c.get("bypassed_write_blocks"), "client_flushes": c.get("client_flushes"),
         "working_set_blocks": sims["working_set_bytes"] // 4096,
+        # What the SSD pays: bytes written to the cache device per byte the clients wrote.
+        "device_write_amplification": c["cache_write_bytes"] / c["client_write_bytes"]
+        if c.get("client_write_bytes") else None,
     }
     r["vs_lru"] = r["flashtier_miss_ratio"] / max(r["lru_miss_ratio"], 1e-9)
     if args.replay:
@@ -187,8 +197,8 @@ def measure(binary, work, name, cache_bytes, backing: Path, driver, args, rmw_bl
         r["replayed_miss_ratio"] = eng["flashtier_miss_ratio"]
         r["replayed_live_fraction"] = eng["flashtier_live_share"]
         r["replay_seconds"] = round(time.time() - t1, 1)
-    if rmw_blocks:
-        print(f"{name}: {rmw_blocks:,} read-modify-write block reads in the counters; the trace's reads alone "
+    if rmw_reads:
+        print(f"{name}: {rmw_reads:,} read-modify-write block reads in the counters; the trace's reads alone "
               f"missed {r['flashtier_miss_ratio_range'][0]:.4f}-{r['flashtier_miss_ratio_range'][1]:.4f}", flush=True)
     print(f"{name}: flashtier {r['flashtier_miss_ratio']:.3f}, LRU {r['lru_miss_ratio']:.3f} ({r['vs_lru']:.2f}x), "
           f"S3-FIFO {r['s3fifo_miss_ratio']:.3f}, live {r['live_fraction']:.1%} ({seconds:.0f} s)", flush=True)
@@ -422,8 +432,12 @@ def report(args, machine, rows, doc, out, wall):
             md += [f"**The replay did not send the recorded block reads and writes exactly** ({', '.join(bad)}; "
                    "counts in eviction.json); the simulations are of what was served all the same.", ""]
     md += ["| workload | flashtier | exact LRU | flashtier ÷ LRU | S3-FIFO | FIFO | LRU with flashtier's live blocks "
-           "| live | header slots | `advise --engine`: miss, live |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| live | header slots | device ÷ client writes | `advise --engine`: miss, live |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def amplification(r):
+        x = r.get("device_write_amplification")
+        return "—" if x is None else f"{x:.1f}x"
 
     def replayed(r):
         if "replayed_miss_ratio" not in r:
@@ -433,7 +447,7 @@ def report(args, machine, rows, doc, out, wall):
         md.append(f"| {label(r)} | {r['flashtier_miss_ratio']:.1%} | {r['lru_miss_ratio']:.1%} | "
                   f"{r['vs_lru']:.2f}x | {r['s3fifo_miss_ratio']:.1%} | {r['fifo_miss_ratio']:.1%} | "
                   f"{r['lru_at_live_miss_ratio']:.1%} | {r['live_fraction']:.1%} | {r['header_share']:.1%} | "
-                  f"{replayed(r)} |")
+                  f"{amplification(r)} | {replayed(r)} |")
     md += ["", "The last column is `flashtier advise --engine` on the trace the server recorded, replayed whole "
            "into a real cache of the same capacity at the pace the server took it: the advisor's own flashtier "
            "curve, against the server it stands for (`--no-replay` skips it)."]
@@ -441,7 +455,9 @@ def report(args, machine, rows, doc, out, wall):
     if rmw_rows:
         md += ["", "flashtier's column is its counters' ratio, read_miss_blocks ÷ (read_hit_blocks + read_miss_blocks). "
                "A write that covers a 4K block only in part (InnoDB's redo log writes 512-byte multiples) reads "
-               "the block first, and the counters count that read as a hit or a miss too; the simulations count "
+               "the block first, unless the partial write before it ended in that block (then it is taken from memory), "
+               "and the counters count that "
+               "read as a hit or a miss too; the simulations count "
                "such a write as an access, not a read. Over the trace's reads alone flashtier missed between "
                "(misses − those reads) and misses ÷ the trace's block reads: " + "; ".join(
                    f"{label(r)}: {r['rmw_block_reads']:,} such reads beside {r['trace_block_reads']:,}, "
