@@ -17,8 +17,9 @@ server is sent, and fio sends them through the nbd engine at QD16. Then:
   live          live blocks / capacity at the end (status), and the share of log slots that
                 went to batch headers (batches / (batches + blocks written to the log))
   device ÷ client writes
-                bytes written to the cache device (log, blocks reclaim moved, checkpoints) per
-                byte the clients wrote: what keeping the cache costs the SSD's endurance
+                bytes written to the cache device (the clients' data, promotions, blocks reclaim
+                moved, batch headers, checkpoints) per byte the clients wrote: what keeping the
+                cache costs the SSD's endurance
   advise --engine
                 the trace the server recorded, replayed whole by `flashtier advise --engine` into
                 a real cache of the same capacity at the pace the server took it: the advisor's
@@ -455,10 +456,9 @@ def report(args, machine, rows, doc, out, wall):
     if rmw_rows:
         md += ["", "flashtier's column is its counters' ratio, read_miss_blocks ÷ (read_hit_blocks + read_miss_blocks). "
                "A write that covers a 4K block only in part (InnoDB's redo log writes 512-byte multiples) reads "
-               "the block first, unless the partial write before it ended in that block (then it is taken from memory), "
-               "and the counters count that "
-               "read as a hit or a miss too; the simulations count "
-               "such a write as an access, not a read. Over the trace's reads alone flashtier missed between "
+               "the block first, unless the partial write before it ended in that block (then it is taken from "
+               "memory), and the counters count that read as a hit or a miss too; the simulations count such a "
+               "write as an access, not a read. Over the trace's reads alone flashtier missed between "
                "(misses − those reads) and misses ÷ the trace's block reads: " + "; ".join(
                    f"{label(r)}: {r['rmw_block_reads']:,} such reads beside {r['trace_block_reads']:,}, "
                    f"{r['flashtier_miss_ratio_range'][0]:.1%}–{r['flashtier_miss_ratio_range'][1]:.1%} "
