@@ -182,6 +182,9 @@ def measure(binary, work, name, cache_bytes, backing: Path, driver, args, rmw_bl
         "write_hit_blocks": c["write_hit_blocks"], "bypassed_read_blocks": c.get("bypassed_read_blocks"),
         "bypassed_write_blocks": c.get("bypassed_write_blocks"), "client_flushes": c.get("client_flushes"),
         "working_set_blocks": sims["working_set_bytes"] // 4096,
+        # Every counter of the server at the end of the row (what the cache device's bytes were
+        # made of: promoted_blocks, moved_blocks, batches, checkpoints, cache_write_bytes, ...).
+        "counters": c,
         # What the SSD pays: bytes written to the cache device per byte the clients wrote.
         "device_write_amplification": c["cache_write_bytes"] / c["client_write_bytes"]
         if c.get("client_write_bytes") else None,
