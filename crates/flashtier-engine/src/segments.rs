@@ -45,8 +45,12 @@ pub struct Segments {
     dirty: Vec<u32>,
     /// Sequence number of the first record written to the segment: FIFO age.
     opened_seq: Vec<u64>,
-    /// Coarse time of the last read hit (seconds of engine uptime): LRU age.
+    /// Coarse time (seconds of engine uptime) of the last read hit in the segment, or, if none
+    /// since it was opened, the latest read hit's in any segment then: LRU age.
     last_access: Vec<AtomicU32>,
+    /// The latest time any `last_access` was set to: a segment opened takes it, so it is as
+    /// recent as the most recently read one instead of keeping its previous use's time.
+    latest_access: AtomicU32,
     /// Reads of the segment's slots in flight; a quarantined segment is reused only at zero.
     readers: Vec<AtomicU32>,
     /// When the segment's blocks were written, for the cleaner's max age: `(offset, second)`
@@ -87,6 +91,7 @@ impl Segments {
             dirty: vec![0; n],
             opened_seq: vec![0; n],
             last_access: (0..n).map(|_| AtomicU32::new(0)).collect(),
+            latest_access: AtomicU32::new(0),
             readers: (0..n).map(|_| AtomicU32::new(0)).collect(),
             written: vec![Vec::new(); n],
             free: free.into(),
@@ -207,6 +212,10 @@ impl Segments {
     fn open(&mut self, seg: u32, first_seq: u64) {
         self.state[seg as usize] = SegState::Open;
         self.opened_seq[seg as usize] = first_seq;
+        self.last_access[seg as usize].store(
+            self.latest_access.load(Ordering::Relaxed),
+            Ordering::Relaxed,
+        );
         // Cleared, not replaced: the marks' room is kept for the segment's next use.
         self.written[seg as usize].clear();
         self.head = Some(Head {
@@ -329,6 +338,10 @@ impl Segments {
 
     pub fn note_access(&self, seg: u32, now: u32) {
         self.last_access[seg as usize].store(now, Ordering::Relaxed);
+        // Moves once a second at most: read before written.
+        if self.latest_access.load(Ordering::Relaxed) < now {
+            self.latest_access.fetch_max(now, Ordering::Relaxed);
+        }
     }
 
     pub fn reader_enter(&self, seg: u32) {
@@ -447,6 +460,32 @@ mod tests {
         assert_eq!(s.pick_victim(ReclaimPolicy::Lru), Some(2));
         s.on_unmap(0, false);
         assert_eq!(s.pick_victim(ReclaimPolicy::Fifo), Some(0), "empty first");
+    }
+
+    #[test]
+    fn a_reused_segment_is_as_recent_as_its_opening() {
+        let mut s = Segments::new(3, 16);
+        for seq in [10, 20, 30] {
+            let seg = s.open_next(seq).unwrap();
+            s.on_map(seg * 16, false);
+            s.seal_head();
+        }
+        s.note_access(0, 5);
+        s.note_access(1, 100);
+        s.note_access(2, 100);
+        s.on_unmap(0, false);
+        s.quarantine(0);
+        s.checkpoint();
+        s.checkpoint();
+        assert_eq!(s.open_next(40), Some(0));
+        s.on_map(0, false);
+        s.seal_head();
+        // Last read at second 5 in its previous use, opened at 100 in this one: as recent as
+        // the others, and the newest of them in the log.
+        assert_eq!(s.pick_victim(ReclaimPolicy::Lru), Some(1));
+        s.note_access(1, 101);
+        s.note_access(2, 101);
+        assert_eq!(s.pick_victim(ReclaimPolicy::Lru), Some(0));
     }
 
     #[test]
