@@ -37,7 +37,8 @@ Workloads:
           ext4 over loop over nbdfuse over a flashtier pass-through server (`serve --trace`, no
           cache) on a copy of the image, so the trace is the database's own requests: mariadbd
           starts, sysbench runs --oltp-seconds (default 180), mariadbd shuts down cleanly. The trace
-          is kept as WORKDIR/eviction-oltp.ft (described in eviction-oltp.json beside it);
+          is kept as WORKDIR/eviction-oltp.ft (described in eviction-oltp.json beside it; --quick
+          records eviction-oltp-quick.ft, so a quick run never replaces a full recording);
           --oltp-trace FILE replays that file instead of recording. `flashtier trace to-fio`
           converts it, and fio replays it (--read_iolog, --replay_no_stall=1, nbd engine, QD16)
           through a fresh cache of each --oltp-cache-pct (default 50,25) percent of the data the
@@ -232,8 +233,9 @@ def oltp_db_args(args):
 
 
 def record_oltp(binary, work, args):
-    """Records MariaDB + sysbench through a flashtier pass-through server into WORKDIR/eviction-oltp.ft;
-    returns (trace, description), the description also written to eviction-oltp.json."""
+    """Records MariaDB + sysbench through a flashtier pass-through server into WORKDIR/eviction-oltp.ft
+    (--quick: eviction-oltp-quick.ft, leaving a full recording alone); returns (trace, description), the
+    description also written beside it (.json)."""
     db_args = oltp_db_args(args)
     img, meta = oltp.prepared_image(db_args, work, OLTP_PAGE_KIB)
     d = work / "eviction-oltp-record"
@@ -241,7 +243,8 @@ def record_oltp(binary, work, args):
         sys.exit(f"{d / 'mnt'} is still mounted (left over from an interrupted run?): unmount it first")
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir(parents=True)
-    trace, desc_path = work / "eviction-oltp.ft", work / "eviction-oltp.json"
+    stem = "eviction-oltp-quick" if args.quick else "eviction-oltp"
+    trace, desc_path = work / f"{stem}.ft", work / f"{stem}.json"
     trace.unlink(missing_ok=True)
     desc_path.unlink(missing_ok=True)
     disk = d / "disk.img"
@@ -517,7 +520,8 @@ def main():
                     help="oltp cache sizes, percent of the data its trace touched (default 50,25)")
     ap.add_argument("--oltp-trace", metavar="FILE",
                     help="replay this trace for the oltp rows instead of recording one (each recording is kept "
-                         "as WORKDIR/eviction-oltp.ft, described in eviction-oltp.json beside it)")
+                         "as WORKDIR/eviction-oltp.ft, described in eviction-oltp.json beside it; --quick's as "
+                         "eviction-oltp-quick.ft)")
     bl.add_common_args(ap)
     args = ap.parse_args()
     args.oltp_cache_pct = [float(x) for x in args.oltp_cache_pct.split(",")]
