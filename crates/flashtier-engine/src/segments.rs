@@ -443,14 +443,21 @@ mod tests {
         assert_eq!(s.quarantined_count(), 0);
     }
 
-    #[test]
-    fn victims_follow_the_policy_but_empty_segments_come_first() {
+    /// Three segments of 16 blocks, opened with these first sequence numbers and sealed, each
+    /// holding one live block (dirty or clean).
+    fn sealed_in_order(first_seqs: [u64; 3], dirty: bool) -> Segments {
         let mut s = Segments::new(3, 16);
-        for seq in [100, 50, 75] {
+        for seq in first_seqs {
             let seg = s.open_next(seq).unwrap();
-            s.on_map(seg * 16, false);
+            s.on_map(seg * 16, dirty);
             s.seal_head();
         }
+        s
+    }
+
+    #[test]
+    fn victims_follow_the_policy_but_empty_segments_come_first() {
+        let mut s = sealed_in_order([100, 50, 75], false);
         assert_eq!(s.pick_victim(ReclaimPolicy::Fifo), Some(1));
         s.note_access(1, 9);
         s.note_access(2, 5);
@@ -464,12 +471,7 @@ mod tests {
 
     #[test]
     fn a_reused_segment_is_as_recent_as_its_opening() {
-        let mut s = Segments::new(3, 16);
-        for seq in [10, 20, 30] {
-            let seg = s.open_next(seq).unwrap();
-            s.on_map(seg * 16, false);
-            s.seal_head();
-        }
+        let mut s = sealed_in_order([10, 20, 30], false);
         s.note_access(0, 5);
         s.note_access(1, 100);
         s.note_access(2, 100);
@@ -512,12 +514,7 @@ mod tests {
 
     #[test]
     fn dirty_segments_in_log_or_access_order() {
-        let mut s = Segments::new(3, 16);
-        for seq in [100, 50, 75] {
-            let seg = s.open_next(seq).unwrap();
-            s.on_map(seg * 16, true);
-            s.seal_head();
-        }
+        let mut s = sealed_in_order([100, 50, 75], true);
         assert_eq!(s.dirty_segments(ReclaimPolicy::Fifo), vec![1, 2, 0]);
         s.note_access(1, 9);
         assert_eq!(s.dirty_segments(ReclaimPolicy::Lru), vec![2, 0, 1]);
