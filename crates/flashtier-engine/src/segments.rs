@@ -338,7 +338,8 @@ impl Segments {
 
     pub fn note_access(&self, seg: u32, now: u32) {
         self.last_access[seg as usize].store(now, Ordering::Relaxed);
-        // Moves once a second at most: read before written.
+        // Read before written: it moves at most once a second, and every reader would otherwise
+        // write its cache line.
         if self.latest_access.load(Ordering::Relaxed) < now {
             self.latest_access.fetch_max(now, Ordering::Relaxed);
         }
