@@ -62,6 +62,9 @@ REQUEST_MEMORY_MIB = 1024
 REQUEST_MEMORY_PER_CONNECTION_MIB = 64
 MAX_PAYLOAD_MIB = 32
 KEEP_BUFFER = 256 * KIB
+# Where a thread's batch of small READs lands (crates/flashtier-nbd/src/transmission/batch.rs:
+# SPACE, 7 reads of up to 16 KiB).
+READ_BATCH_SPACE = 7 * 16 * KIB
 INBOUND_BUFFER = 256 * KIB
 # Replies queued while another thread writes, and the batch it is writing (QUEUE_MAX each:
 # crates/flashtier-nbd/src/outbound.rs).
@@ -74,7 +77,7 @@ LIMIT_FLAGS = ["--max-connections", str(MAX_CONNECTIONS), "--worker-pool", str(W
 def memory_bound_mib():
     """Memory the server may hold for clients beyond its RSS before any client, as enforced."""
     charged = max(REQUEST_MEMORY_MIB, MAX_PAYLOAD_MIB) * MIB
-    kept = KEEP_BUFFER * (MAX_CONNECTIONS + WORKER_POOL)
+    kept = (KEEP_BUFFER + READ_BATCH_SPACE) * (MAX_CONNECTIONS + WORKER_POOL)
     per_connection = (INBOUND_BUFFER + REPLY_QUEUE) * MAX_CONNECTIONS
     return (charged + kept + per_connection) / MIB
 

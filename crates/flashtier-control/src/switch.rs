@@ -9,7 +9,7 @@
 use std::io;
 use std::sync::Arc;
 
-use flashtier_io::{BlockDev, DevInfo, Extent, ZeroOpts};
+use flashtier_io::{BatchRead, BlockDev, DevInfo, Extent, ZeroOpts};
 use parking_lot::RwLock;
 
 /// A device that forwards each request to whichever device it holds now (the cache, or the
@@ -55,6 +55,14 @@ impl BlockDev for Switchable {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.current.read().read_at(buf, offset)
+    }
+
+    fn read_batch_max(&self) -> usize {
+        self.current.read().read_batch_max()
+    }
+
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) {
+        self.current.read().read_batch(reads)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use flashtier_io::{BlockDev, DevInfo, Extent, ZeroOpts};
+use flashtier_io::{BatchRead, BlockDev, DevInfo, Extent, ZeroOpts};
 
 use crate::histogram::{HistSnapshot, Histogram};
 use crate::trace::{TraceOp, Tracer};
@@ -179,6 +179,26 @@ impl BlockDev for Timed {
         let n = buf.len() as u64;
         self.tracer.record(TraceOp::Read, offset, n, false);
         self.accessed(Op::Read, offset, n, || self.inner.read_at(buf, offset))
+    }
+
+    fn read_batch_max(&self) -> usize {
+        self.inner.read_batch_max()
+    }
+
+    /// Each read served is traced, timed (the batch's time), and joins the working set, as
+    /// through `read_at`; those left are, when the caller reads them with `read_at`.
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) {
+        let start = Instant::now();
+        self.inner.read_batch(reads);
+        for r in reads.iter() {
+            let Some(result) = &r.result else { continue };
+            let n = r.buf.len() as u64;
+            self.tracer.record(TraceOp::Read, r.offset, n, false);
+            self.lat.record(Op::Read, start, n, result.is_ok());
+            if result.is_ok() {
+                self.working_set.record(r.offset, n);
+            }
+        }
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {

@@ -21,7 +21,7 @@
 use std::sync::Arc;
 
 use flashtier_engine::{format, BackingIdentity, Cache, FormatOptions, Mode};
-use flashtier_io::BlockDev;
+use flashtier_io::{BatchRead, BlockDev};
 use flashtier_testkit::alloc_count::{self, Counting};
 use flashtier_testkit::MemDev;
 
@@ -115,6 +115,33 @@ fn allocations_per_read_hit_and_per_write_back_write() {
     );
     assert_eq!(s1.read_miss_blocks, s0.read_miss_blocks);
 
+    // The same reads 16 at a time (`read_batch`, as the NBD server batches pipelined READs);
+    // the batch's list is inline, like the server's.
+    let mut bufs = vec![vec![0u8; BS as usize]; 16];
+    let (mine0, all0) = counts();
+    for round in 0..N / 16 {
+        let mut batch: smallvec::SmallVec<[BatchRead<'_>; 16]> = bufs
+            .iter_mut()
+            .enumerate()
+            .map(|(k, buf)| BatchRead::new(buf, block(round * 16 + k as u64) * BS))
+            .collect();
+        c.read_batch(&mut batch);
+        assert!(batch.iter().all(|r| matches!(r.result, Some(Ok(())))));
+    }
+    let (mine1, all1) = counts();
+    let batched = Figures {
+        this_thread: (mine1 - mine0) as f64 / (N / 16 * 16) as f64,
+        all_threads: (all1 - all0) as f64 / (N / 16 * 16) as f64,
+    };
+    let s1b = c.stats();
+    assert_eq!(
+        s1b.read_hit_blocks - s1.read_hit_blocks,
+        N / 16 * 16,
+        "every batched read must be a hit"
+    );
+    assert_eq!(s1b.read_miss_blocks, s0.read_miss_blocks);
+    let s1 = s1b;
+
     let writes = measure(|i| c.write_at(&wbuf, block(i) * BS, false).unwrap());
     let s2 = c.stats();
     assert_eq!(s2.writes - s1.writes, N);
@@ -131,6 +158,10 @@ fn allocations_per_read_hit_and_per_write_back_write() {
     println!(
         "  read hit:          {:.2} on the calling thread, {:.2} on all threads",
         reads.this_thread, reads.all_threads
+    );
+    println!(
+        "  batched read hit:  {:.2} on the calling thread, {:.2} on all threads",
+        batched.this_thread, batched.all_threads
     );
     println!(
         "  write-back write:  {:.2} on the calling thread, {:.2} on all threads",
@@ -153,6 +184,12 @@ fn allocations_per_read_hit_and_per_write_back_write() {
         "read hits allocate: {:.2} per I/O on all threads (bound {})",
         reads.all_threads,
         MAX_READ_HIT_ALLOCS_ALL_THREADS
+    );
+    assert!(
+        batched.this_thread <= MAX_READ_HIT_ALLOCS_THIS_THREAD,
+        "batched read hits allocate: {:.2} per I/O on the calling thread (bound {})",
+        batched.this_thread,
+        MAX_READ_HIT_ALLOCS_THIS_THREAD
     );
     assert!(
         writes.this_thread <= MAX_WRITE_ALLOCS_THIS_THREAD,

@@ -77,6 +77,28 @@ impl Extent {
     }
 }
 
+/// One read of a [`BlockDev::read_batch`].
+#[derive(Debug)]
+pub struct BatchRead<'a> {
+    /// Filled from `offset`; a short read is an error, as for `read_at`.
+    pub buf: &'a mut [u8],
+    /// Where the read starts on the device.
+    pub offset: u64,
+    /// Set by the device when it served this read; `None`: left to the caller.
+    pub result: Option<io::Result<()>>,
+}
+
+impl<'a> BatchRead<'a> {
+    /// A read of `buf.len()` bytes at `offset`, not served yet.
+    pub fn new(buf: &'a mut [u8], offset: u64) -> Self {
+        BatchRead {
+            buf,
+            offset,
+            result: None,
+        }
+    }
+}
+
 /// A block device: a fixed-size array of bytes with durable writes on demand.
 ///
 /// Implementations must be safe to call from many threads at once; overlapping concurrent writes
@@ -93,6 +115,21 @@ pub trait BlockDev: Send + Sync {
 
     /// Fills `buf` from `offset`. Short reads are an error.
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+
+    /// Most reads [`BlockDev::read_batch`] serves together to advantage (a device that submits
+    /// them at once, e.g. through io_uring); 1, the default: it does not, and a caller holding
+    /// several reads should call `read_at` for each, from as many threads as it wants them
+    /// concurrent.
+    fn read_batch_max(&self) -> usize {
+        1
+    }
+
+    /// Serves the batch's reads together, as many as it can: each one served gets its `result`,
+    /// the others are left `None` for the caller to read with `read_at` (the default serves
+    /// none). A device may leave a read when serving it would wait for something slower than
+    /// the batch's other reads (a cache miss waiting for the backing store): a caller that
+    /// answers a client should then send the served reads' replies first.
+    fn read_batch(&self, _reads: &mut [BatchRead<'_>]) {}
 
     /// Writes all of `buf` at `offset`. With `fua`, the data is durable when this returns.
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()>;

@@ -7,6 +7,9 @@
 //! (direct I/O writes back and invalidates cached pages in its range), and the buffered path also
 //! covers a regular file whose size is not a multiple of the block size, which O_DIRECT cannot
 //! write to the end of without growing the file.
+//!
+//! A batch of reads (`read_batch`) goes through the calling thread's io_uring instead (see
+//! `uring`), one submission and one wait for all of them.
 
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -16,7 +19,8 @@ use std::path::{Path, PathBuf};
 use std::sync::RwLock;
 
 use crate::buf::is_aligned;
-use crate::dev::{check_range, write_zero_buffers, BlockDev, DevInfo, Extent, ZeroOpts};
+use crate::dev::{check_range, write_zero_buffers, BatchRead, BlockDev, DevInfo, Extent, ZeroOpts};
+use crate::uring;
 
 /// How to open a [`FileDev`].
 #[derive(Debug, Clone, Copy, Default)]
@@ -207,14 +211,19 @@ impl FileDev {
     fn read_exact_at(&self, file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
         file.read_exact_at(buf, offset).map_err(|e| {
             if e.kind() == io::ErrorKind::UnexpectedEof {
-                io::Error::new(
-                    io::ErrorKind::UnexpectedEof,
-                    format!("{} is shorter than expected", self.path.display()),
-                )
+                self.too_short()
             } else {
                 e
             }
         })
+    }
+
+    /// A read ran into the end of the file (it shrank since it was opened).
+    fn too_short(&self) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("{} is shorter than expected", self.path.display()),
+        )
     }
 
     fn fallocate(&self, mode: libc::c_int, offset: u64, len: u64) -> io::Result<()> {
@@ -277,6 +286,43 @@ impl BlockDev for FileDev {
         check_range(self.info.size, offset, buf.len() as u64, false)?;
         let file = self.file_for(buf, offset);
         self.read_exact_at(file, buf, offset)
+    }
+
+    fn read_batch_max(&self) -> usize {
+        if uring::available() {
+            uring::RING_ENTRIES
+        } else {
+            1
+        }
+    }
+
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) {
+        uring::read_batch(
+            reads,
+            |read| {
+                let checked =
+                    check_range(self.info.size, read.offset, read.buf.len() as u64, false);
+                if checked.is_err() || read.buf.is_empty() {
+                    read.result = Some(checked);
+                    return None;
+                }
+                Some(self.file_for(read.buf, read.offset).as_raw_fd())
+            },
+            |read, done| {
+                let file = self.file_for(read.buf, read.offset);
+                read.result = Some(match done {
+                    Some(Ok(n)) if n >= read.buf.len() => Ok(()),
+                    Some(Ok(0)) => Err(self.too_short()),
+                    // The rest may still come (a read longer than the kernel does at once), or
+                    // end at the end of the file, as it would for `read_at`.
+                    Some(Ok(n)) => {
+                        self.read_exact_at(file, &mut read.buf[n..], read.offset + n as u64)
+                    }
+                    Some(Err(e)) => Err(e),
+                    None => self.read_exact_at(file, read.buf, read.offset),
+                });
+            },
+        );
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
@@ -755,8 +801,180 @@ mod tests {
         }
     }
 
+    /// A file of `content` opened with O_DIRECT, or `None` where O_DIRECT is refused.
+    fn direct_dev(content: &[u8]) -> Option<(tempfile::TempDir, FileDev)> {
+        // /var/tmp rather than /tmp: tmpfs refuses O_DIRECT.
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let path = dir.path().join("batch.img");
+        std::fs::write(&path, content).unwrap();
+        let opts = FileOptions {
+            direct: true,
+            read_only: true,
+        };
+        match FileDev::open(&path, opts) {
+            Ok(dev) => Some((dir, dev)),
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => None,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    fn random_bytes(seed: u64, len: usize) -> Vec<u8> {
+        let mut x = seed;
+        (0..len)
+            .map(|_| {
+                // splitmix64
+                x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = x;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                (z ^ (z >> 31)) as u8
+            })
+            .collect()
+    }
+
+    /// Runs `reads` (offset, length, buffer misaligned by one byte) as one batch; returns each
+    /// read's result and buffer.
+    fn batch(
+        dev: &FileDev,
+        reads: &[(u64, usize, bool)],
+    ) -> Vec<(Option<io::Result<()>>, Vec<u8>)> {
+        let mut bufs: Vec<AlignedBuf> = reads
+            .iter()
+            .map(|&(_, len, _)| {
+                let mut b = AlignedBuf::zeroed(len + 1);
+                b.fill(0xee);
+                b
+            })
+            .collect();
+        let mut batch: Vec<BatchRead> = bufs
+            .iter_mut()
+            .zip(reads)
+            .map(|(b, &(off, len, shifted))| {
+                let s = shifted as usize;
+                BatchRead::new(&mut b[s..s + len], off)
+            })
+            .collect();
+        dev.read_batch(&mut batch);
+        batch
+            .into_iter()
+            .map(|r| (r.result, r.buf.to_vec()))
+            .collect()
+    }
+
+    #[test]
+    fn read_batch_reports_out_of_range_reads_alone() {
+        let content = random_bytes(1, 1 << 16);
+        let Some((_d, dev)) = direct_dev(&content) else {
+            return;
+        };
+        let reads = [(0, 4096, false), (65536 - 100, 4096, false), (5, 300, true)];
+        let out = batch(&dev, &reads);
+        if dev.read_batch_max() == 1 {
+            assert!(out.iter().all(|(r, _)| r.is_none()));
+            return;
+        }
+        let err = out[1].0.as_ref().unwrap().as_ref().unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EINVAL));
+        for i in [0, 2] {
+            let (off, len, _) = reads[i];
+            assert!(matches!(out[i].0, Some(Ok(()))));
+            assert_eq!(out[i].1, &content[off as usize..off as usize + len]);
+        }
+    }
+
+    #[test]
+    fn read_batch_past_the_end_of_a_shrunk_file_is_eof() {
+        let content = random_bytes(2, 1 << 16);
+        let Some((_d, dev)) = direct_dev(&content) else {
+            return;
+        };
+        if dev.read_batch_max() == 1 {
+            return;
+        }
+        // The device keeps the size it was opened with; the file behind it shrinks.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(dev.path())
+            .unwrap()
+            .set_len(8192)
+            .unwrap();
+        // Direct and short, direct at the end, buffered and short; then one that succeeds.
+        let reads = [
+            (4096, 8192, false),
+            (8192, 4096, false),
+            (8000, 1000, false),
+            (0, 4096, false),
+        ];
+        let out = batch(&dev, &reads);
+        for (&(off, len, _), (result, _)) in reads.iter().zip(&out) {
+            let mut buf = AlignedBuf::zeroed(len);
+            let expected = dev.read_at(&mut buf, off);
+            match (expected, result.as_ref().unwrap()) {
+                (Ok(()), Ok(())) => {}
+                (Err(want), Err(got)) => {
+                    assert_eq!(got.kind(), io::ErrorKind::UnexpectedEof);
+                    assert_eq!(got.to_string(), want.to_string());
+                }
+                (want, got) => panic!("read {off}+{len}: read_at {want:?}, batch {got:?}"),
+            }
+        }
+        assert!(out[3].0.as_ref().unwrap().is_ok());
+        assert_eq!(out[3].1, &content[..4096]);
+    }
+
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(64))]
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        /// A batch reads what `read_at` reads, whatever the mix of aligned, unaligned and
+        /// end-of-file reads, and however many (more than a ring holds: in chunks).
+        #[test]
+        fn read_batch_matches_read_at(
+            seed in any::<u64>(),
+            specs in prop::collection::vec(
+                (0u8..3, any::<prop::sample::Index>(), 0usize..20_000, any::<bool>()),
+                1..70,
+            ),
+        ) {
+            // Not a multiple of the block size: the last bytes are read through the buffered fd.
+            const SIZE: u64 = (1 << 18) + 1000;
+            let content = random_bytes(seed, SIZE as usize);
+            let Some((_d, dev)) = direct_dev(&content) else {
+                return Ok(());
+            };
+            let reads: Vec<(u64, usize, bool)> = specs
+                .iter()
+                .map(|&(kind, at, len, shifted)| match kind {
+                    // Aligned: straight to the O_DIRECT fd.
+                    0 => {
+                        let blocks = (SIZE / 4096) as usize;
+                        let first = at.index(blocks);
+                        let n = (len % 4 + 1).min(blocks - first);
+                        ((first * 4096) as u64, n * 4096, false)
+                    }
+                    1 => {
+                        let off = at.index(SIZE as usize + 1) as u64;
+                        (off, len.min((SIZE - off) as usize), shifted)
+                    }
+                    _ => {
+                        let len = len.min(SIZE as usize);
+                        (SIZE - len as u64, len, shifted)
+                    }
+                })
+                .collect();
+            let out = batch(&dev, &reads);
+            let uring = dev.read_batch_max() > 1;
+            for (&(off, len, _), (result, data)) in reads.iter().zip(&out) {
+                if !uring {
+                    prop_assert!(result.is_none());
+                    continue;
+                }
+                let mut expected = vec![0u8; len];
+                dev.read_at(&mut expected, off).unwrap();
+                prop_assert!(matches!(result, Some(Ok(()))), "read {}+{}: {:?}", off, len, result);
+                prop_assert!(*data == expected, "read {}+{} differs", off, len);
+                prop_assert!(*data == content[off as usize..off as usize + len]);
+            }
+        }
+
         /// Any sequence of writes reads back like a plain byte array, aligned or not.
         #[test]
         fn behaves_like_a_byte_array(

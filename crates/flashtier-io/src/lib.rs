@@ -11,7 +11,9 @@
 //! - **Synchronous, thread-safe, positioned I/O.** Every method takes `&self` and may be called
 //!   from many threads at once; concurrency comes from the callers' threads (the NBD server runs a
 //!   small pool per connection), not from futures. This keeps the hot path free of allocation and
-//!   boxing, and `pread`/`pwrite` on O_DIRECT files already run in parallel in the kernel.
+//!   boxing, and `pread`/`pwrite` on O_DIRECT files already run in parallel in the kernel. The
+//!   one exception is [`BlockDev::read_batch`]: a thread holding several reads (pipelined client
+//!   READs) submits them at once and sleeps once, through its own io_uring for a file.
 //! - **Errors are `std::io::Error`** carrying the errno, because the protocol above reports
 //!   failures as errno values; a device saying `ENOSPC` must reach the client as `ENOSPC`.
 //! - **Aligned buffers everywhere** ([`AlignedBuf`]): the layers above allocate page-aligned
@@ -45,11 +47,14 @@ pub mod signature;
 mod slow;
 pub mod sys;
 pub mod sysfs;
+mod uring;
 pub mod versions;
 
 pub use alloc::{allocate_existing, allocated_bytes, create_allocated_file};
 pub use buf::{is_aligned, AlignedBuf};
-pub use dev::{check_range, read_runs, write_zero_buffers, BlockDev, DevInfo, Extent, ZeroOpts};
+pub use dev::{
+    check_range, read_runs, write_zero_buffers, BatchRead, BlockDev, DevInfo, Extent, ZeroOpts,
+};
 pub use file::{create_sparse_file, FileDev, FileOptions};
 pub use pool::{BufPool, PooledBuf};
 pub use slow::SlowDev;

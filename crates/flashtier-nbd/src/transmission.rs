@@ -30,6 +30,11 @@
 //! And a connection that only looked serial (a request came while the serial one ran, before its
 //! reply) executes no request serially for the next [`SERIAL_BACKOFF`].
 //!
+//! Small READs already buffered behind a READ are read with it, served by the device together and
+//! answered with one write (`batch`); what the device leaves of them (cache misses) goes to the
+//! connection's *pending* queue, which threads take before the seat, so a miss never waits behind
+//! the batch's hits or the socket.
+//!
 //! Idleness is noticed by the thread that would read the next request: with more than one thread
 //! and nothing buffered, it waits for the socket to be readable with a timeout before reading;
 //! when that times out it marks the connection for shrinking and hands the seat to the waiting
@@ -58,6 +63,9 @@ use std::time::{Duration, Instant};
 
 use flashtier_io::{AlignedBuf, BlockDev, Extent, ZeroOpts};
 
+mod batch;
+use batch::ReadBatch;
+
 use crate::errmap::nbd_error;
 use crate::export::Export;
 use crate::handshake::Session;
@@ -69,8 +77,9 @@ use crate::wire::{self, cmd, cmd_flag, errno, reply, state, RequestHeader};
 const INBOUND_BUFFER: usize = 256 * 1024;
 /// A thread keeps a payload buffer up to this size between requests; larger ones are freed.
 /// Requests up to this size use that buffer and are not counted in the request memory budgets:
-/// what they hold is bounded by the threads (this times `max_connections + worker_pool`, 192 MiB
-/// with the defaults), and it keeps the budgets' atomics off the small-request hot path.
+/// what they hold is bounded by the threads (this, plus a batch's space (`batch::SPACE`), times
+/// `max_connections + worker_pool`: 276 MiB with the defaults), and it keeps the budgets' atomics
+/// off the small-request hot path.
 const KEEP_BUFFER: usize = 256 * 1024;
 /// Extents reported per BLOCK_STATUS reply when the client did not ask for just one.
 const MAX_EXTENTS: usize = 1024;
@@ -133,6 +142,11 @@ struct Shared<'a, R, W> {
     /// The connection was idle for [`RETIRE_AFTER`]: extra threads exit when they would take the
     /// seat, until a request arrives.
     shrink: AtomicBool,
+    /// Requests read but left for any thread to execute: a batch's reads the device did not
+    /// serve together (`batch`). Taken before the seat, so they never wait for the socket.
+    pending: Mutex<std::collections::VecDeque<Request>>,
+    /// How many `pending` holds, checked without its lock.
+    pending_len: AtomicUsize,
 }
 
 /// Who reads the next request (see the module documentation).
@@ -166,6 +180,17 @@ struct Request {
     payload_dropped: bool,
     /// Request memory taken from the budgets for it.
     cost: u64,
+}
+
+/// How [`Shared::take_seat`] ended.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Taken {
+    /// This thread holds the seat.
+    Seat,
+    /// A request is pending: take it instead of waiting.
+    Pending,
+    /// This extra thread was counted out (the connection idle).
+    Retire,
 }
 
 enum Next {
@@ -217,8 +242,14 @@ pub fn serve<R: Read + Send, W: Write + Send>(
         hangup,
         live: AtomicUsize::new(1),
         shrink: AtomicBool::new(false),
+        pending: Mutex::new(std::collections::VecDeque::new()),
+        pending_len: AtomicUsize::new(0),
     };
     std::thread::scope(|scope| shared.worker(scope, false));
+    // Left by threads that ended on a reply they could not send: nobody can be answered now.
+    while let Some(req) = shared.take_pending() {
+        shared.finished(&req);
+    }
 }
 
 /// Gives a worker's pool slot back when its thread ends, however it ends.
@@ -236,26 +267,23 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
     fn worker<'scope>(&'scope self, scope: &'scope Scope<'scope, '_>, extra: bool) {
         let mut buf = AlignedBuf::new();
         let mut extents = Vec::new();
+        let mut batch = ReadBatch::new();
         // The serial turn this thread holds the seat for, if any (see `next_request`).
         let mut serial = None;
         loop {
-            let req = match self.next_request(&mut serial, &mut buf, extra) {
+            let req = match self.next_request(&mut serial, &mut buf, &mut batch, extra) {
                 Next::Request(req) => req,
                 // `next_request` counted this thread out already.
                 Next::Retire => return,
                 Next::Closed => break,
             };
             self.grow(scope);
-            let result = self.execute(&req, &mut buf, &mut extents);
-            if let Some(turn) = serial {
-                self.note_arrivals(turn);
-            }
-            let sent = self.send_reply(&req.hdr, result, &buf, &extents);
-            buf.shrink_to(KEEP_BUFFER);
-            self.finished(&req);
-            if let Err(e) = sent {
-                tracing::debug!(error = %e, "cannot send reply; closing connection");
-                self.close();
+            let answered = if batch.is_empty() {
+                self.answer(&req, &mut buf, &mut extents, serial)
+            } else {
+                self.serve_batch(req, &mut buf, &mut batch, &mut extents, scope)
+            };
+            if !answered {
                 break;
             }
         }
@@ -265,6 +293,30 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
             }
         }
         self.live.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Executes `req` and sends its reply; false if the reply could not be sent (the connection
+    /// is closed then). `serial`: the turn this thread kept the seat for, if it did.
+    fn answer(
+        &self,
+        req: &Request,
+        buf: &mut AlignedBuf,
+        extents: &mut Vec<(u32, u32)>,
+        serial: Option<u64>,
+    ) -> bool {
+        let result = self.execute(req, buf, extents);
+        if let Some(turn) = serial {
+            self.note_arrivals(turn);
+        }
+        let sent = self.send_reply(&req.hdr, &result, buf, extents);
+        buf.shrink_to(KEEP_BUFFER);
+        self.finished(req);
+        if let Err(e) = sent {
+            tracing::debug!(error = %e, "cannot send reply; closing connection");
+            self.close();
+            return false;
+        }
+        true
     }
 
     /// Spawns one more thread if none is left to read the next request.
@@ -346,18 +398,26 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
 
     /// Takes the seat: at once if it is free, or held by a serial request that has run past
     /// [`PATIENCE`]; else waits (as the watcher, with a timeout, if it is serial and nobody
-    /// watches yet). False: this extra thread was counted out instead (the connection idle).
-    fn take_seat(&self, extra: bool) -> bool {
+    /// watches yet). Gives up waiting when a request is pending (`Taken::Pending`), or when this
+    /// extra thread was counted out instead (the connection idle: `Taken::Retire`).
+    fn take_seat(&self, extra: bool) -> Taken {
         let mut seat = self.seat.lock();
         let mut watcher = false;
         let (mut seen, mut quiet_since) = (seat.read, Instant::now());
         let taken = loop {
             if extra && self.shrink.load(Ordering::Acquire) && self.retire(&seat) {
-                break false;
+                break Taken::Retire;
+            }
+            // Checked under the seat's lock, which `push_pending` takes before it notifies: a
+            // request pushed after this check wakes this thread from the wait below.
+            if self.pending_len.load(Ordering::Acquire) > 0 {
+                break Taken::Pending;
             }
             match seat.state {
-                SeatState::Free => break true,
-                SeatState::Serial { since, .. } if since.elapsed() >= PATIENCE => break true,
+                SeatState::Free => break Taken::Seat,
+                SeatState::Serial { since, .. } if since.elapsed() >= PATIENCE => {
+                    break Taken::Seat
+                }
                 SeatState::Serial { since, .. } if watcher || !seat.watching => {
                     watcher = true;
                     seat.watching = true;
@@ -379,10 +439,50 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
         if watcher {
             seat.watching = false;
         }
-        if taken {
+        if taken == Taken::Seat {
             seat.state = SeatState::Reading;
         }
         taken
+    }
+
+    /// Takes the seat, or else a pending request (`Err(Next::Request)`), or retires this extra
+    /// thread (`Err(Next::Retire)`).
+    fn seat_or_pending(&self, extra: bool) -> Result<(), Next> {
+        loop {
+            if let Some(req) = self.take_pending() {
+                return Err(Next::Request(req));
+            }
+            match self.take_seat(extra) {
+                Taken::Seat => return Ok(()),
+                Taken::Retire => return Err(Next::Retire),
+                Taken::Pending => {}
+            }
+        }
+    }
+
+    /// The oldest pending request, if any.
+    fn take_pending(&self) -> Option<Request> {
+        if self.pending_len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let req = self.pending.lock().pop_front();
+        if req.is_some() {
+            self.pending_len.fetch_sub(1, Ordering::AcqRel);
+        }
+        req
+    }
+
+    /// Leaves `reqs` to whichever threads come first, and wakes those waiting for the seat.
+    fn push_pending(&self, reqs: impl Iterator<Item = Request>) {
+        {
+            let mut pending = self.pending.lock();
+            let before = pending.len();
+            pending.extend(reqs);
+            self.pending_len
+                .fetch_add(pending.len() - before, Ordering::AcqRel);
+        }
+        drop(self.seat.lock());
+        self.seat_free.notify_all();
     }
 
     /// Whether the thread that executed serial `turn` still holds the seat (nobody took it
@@ -416,11 +516,11 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
         self.seat_free.notify_all();
     }
 
-    /// After reading a request: passes the seat on, or keeps it for a serial request (`turn`,
-    /// returned), waking a follower to watch if none does.
-    fn after_read(&self, serial: bool) -> Option<u64> {
+    /// After reading `requests` (a request, or a batch of reads): passes the seat on, or keeps it
+    /// for a serial request (`turn`, returned), waking a follower to watch if none does.
+    fn after_read(&self, serial: bool, requests: u64) -> Option<u64> {
         let mut seat = self.seat.lock();
-        seat.read += 1;
+        seat.read += requests;
         let turn = seat.read;
         if serial && turn >= seat.serial_from {
             seat.state = SeatState::Serial {
@@ -445,10 +545,19 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
     /// Reads the next request; `Closed` once the connection is closing, `Retire` (this extra
     /// thread counted out) once it has been idle for [`RETIRE_AFTER`]. `serial`: the turn this
     /// thread kept the seat for, if it did (taken by this call, set again if it keeps it).
-    fn next_request(&self, serial: &mut Option<u64>, buf: &mut AlignedBuf, extra: bool) -> Next {
+    fn next_request(
+        &self,
+        serial: &mut Option<u64>,
+        buf: &mut AlignedBuf,
+        batch: &mut ReadBatch,
+        extra: bool,
+    ) -> Next {
+        batch.clear();
         let seated = serial.take().is_some_and(|turn| self.back_in_seat(turn));
-        if !seated && !self.take_seat(extra) {
-            return Next::Retire;
+        if !seated {
+            if let Err(next) = self.seat_or_pending(extra) {
+                return next;
+            }
         }
         let mut inbound = self.inbound.lock();
         loop {
@@ -477,8 +586,8 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
             }
             // Let the extra threads waiting for the seat see the flag and exit.
             self.leave_seat();
-            if !self.take_seat(extra) {
-                return Next::Retire;
+            if let Err(next) = self.seat_or_pending(extra) {
+                return next;
             }
             inbound = self.inbound.lock();
         }
@@ -509,9 +618,12 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
                     self.shrink.store(false, Ordering::Release);
                 }
                 self.params.conn.request_read();
+                if req.hdr.cmd == cmd::READ {
+                    self.read_more(&mut inbound, batch);
+                }
                 let alone = inbound.buffer().is_empty() && self.params.conn.in_flight() == 1;
                 drop(inbound);
-                *serial = self.after_read(alone);
+                *serial = self.after_read(alone, 1 + batch.len() as u64);
                 Next::Request(req)
             }
             Ok(None) => {
@@ -585,19 +697,7 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
             }
             _ => unreachable!("validate() admits only known commands"),
         };
-        result.map_err(|e| {
-            let error = nbd_error(&e);
-            if error == errno::EIO {
-                tracing::warn!(cmd = cmd::name(h.cmd), offset, len, error = %e, "device error");
-            }
-            Failure {
-                error,
-                message: format!(
-                    "{} of {len} bytes at offset {offset}: {e}",
-                    cmd::name(h.cmd)
-                ),
-            }
-        })
+        result.map_err(|e| device_failure(h, &e))
     }
 
     /// The spec's checks, in the order that gives the most useful error.
@@ -653,14 +753,14 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
     fn send_reply(
         &self,
         h: &RequestHeader,
-        result: Result<Done, Failure>,
+        result: &Result<Done, Failure>,
         buf: &[u8],
         extents: &[(u32, u32)],
     ) -> io::Result<()> {
         let structured = self.params.session.structured_replies;
         let mut header = [0u8; wire::STRUCTURED_HEADER_LEN + 8];
         let mut tail = Vec::new();
-        let (head_len, body): (usize, &[u8]) = match (&result, structured) {
+        let (head_len, body): (usize, &[u8]) = match (result, structured) {
             (Ok(Done::Data), false) => {
                 header[..16].copy_from_slice(&wire::simple_reply(0, h.handle));
                 (16, buf)
@@ -728,6 +828,22 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
             &mut [IoSlice::new(&header[..head_len]), IoSlice::new(body)],
             &|yes| self.params.conn.writing(yes),
         )
+    }
+}
+
+/// The reply to a request the device failed.
+fn device_failure(h: &RequestHeader, e: &io::Error) -> Failure {
+    let (offset, len) = (h.offset, h.length);
+    let error = nbd_error(e);
+    if error == errno::EIO {
+        tracing::warn!(cmd = cmd::name(h.cmd), offset, len, error = %e, "device error");
+    }
+    Failure {
+        error,
+        message: format!(
+            "{} of {len} bytes at offset {offset}: {e}",
+            cmd::name(h.cmd)
+        ),
     }
 }
 
@@ -908,6 +1024,134 @@ mod tests {
             client.read_exact(&mut flushed).unwrap();
             assert_eq!(flushed, wire::simple_reply(0, 1));
         });
+    }
+
+    /// A device that serves the batch reads of even blocks and leaves those of odd blocks;
+    /// a `read_at` of block `gated` waits until the test opens the gate.
+    struct HalfBatching {
+        inner: flashtier_testkit::MemDev,
+        gated: u64,
+        open: parking_lot::Mutex<bool>,
+        opened: parking_lot::Condvar,
+        batches: AtomicUsize,
+        served: AtomicUsize,
+    }
+
+    impl BlockDev for HalfBatching {
+        fn info(&self) -> &flashtier_io::DevInfo {
+            self.inner.info()
+        }
+        fn describe(&self) -> String {
+            "half batching".into()
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+            if offset / 4096 == self.gated {
+                let mut open = self.open.lock();
+                while !*open {
+                    self.opened.wait(&mut open);
+                }
+            }
+            self.inner.read_at(buf, offset)
+        }
+        fn read_batch_max(&self) -> usize {
+            32
+        }
+        fn read_batch(&self, reads: &mut [flashtier_io::BatchRead<'_>]) {
+            self.batches.fetch_add(1, Ordering::Relaxed);
+            for r in reads.iter_mut() {
+                if (r.offset / 4096).is_multiple_of(2) {
+                    self.served.fetch_add(1, Ordering::Relaxed);
+                    r.result = Some(self.inner.read_at(r.buf, r.offset));
+                }
+            }
+        }
+        fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
+            self.inner.write_at(buf, offset, fua)
+        }
+        fn flush(&self) -> io::Result<()> {
+            Ok(())
+        }
+        fn trim(&self, offset: u64, len: u64) -> io::Result<()> {
+            self.inner.trim(offset, len)
+        }
+        fn write_zeroes(&self, offset: u64, len: u64, opts: ZeroOpts) -> io::Result<()> {
+            self.inner.write_zeroes(offset, len, opts)
+        }
+    }
+
+    /// Pipelined READs are served in batches: the device's served reads and the ones it left
+    /// all get their data, a refused one its errno, and a left read that waits (block 1, a miss
+    /// on a slow disk) holds up neither the batch's other replies nor the other left reads.
+    #[test]
+    fn pipelined_reads_are_batched_and_a_left_read_holds_up_no_other() {
+        const READS: u64 = 32;
+        let dev = std::sync::Arc::new(HalfBatching {
+            inner: flashtier_testkit::MemDev::new(TEST_SIZE as usize),
+            gated: 1,
+            open: parking_lot::Mutex::new(false),
+            opened: parking_lot::Condvar::new(),
+            batches: AtomicUsize::new(0),
+            served: AtomicUsize::new(0),
+        });
+        let block = |b: u64| vec![(b % 251) as u8 + 1; 4096];
+        for b in 0..READS {
+            dev.write_at(&block(b), b * 4096, false).unwrap();
+        }
+        let read = |handle: u64, offset: u64| {
+            RequestHeader {
+                flags: 0,
+                cmd: cmd::READ,
+                handle,
+                offset,
+                length: 4096,
+            }
+            .encode()
+        };
+        with_connection(dev.clone(), |client| {
+            let mut all: Vec<u8> = (0..READS).flat_map(|h| read(h, h * 4096)).collect();
+            // Out of range: refused with EINVAL, inside the batch.
+            all.extend(read(READS, TEST_SIZE));
+            client.write_all(&all).unwrap();
+            let mut answered = std::collections::BTreeSet::new();
+            let mut reply = |client: &mut std::os::unix::net::UnixStream| {
+                let mut head = [0u8; 16];
+                client.read_exact(&mut head).unwrap();
+                let error = u32::from_be_bytes(head[4..8].try_into().unwrap());
+                let handle = u64::from_be_bytes(head[8..16].try_into().unwrap());
+                if handle == READS {
+                    assert_eq!(error, errno::EINVAL);
+                } else {
+                    assert_eq!(error, 0, "READ {handle} failed");
+                    let mut data = vec![0u8; 4096];
+                    client.read_exact(&mut data).unwrap();
+                    assert!(data == block(handle), "data of READ {handle}");
+                }
+                assert!(answered.insert(handle), "READ {handle} answered twice");
+                handle
+            };
+            // Everything but the gated read, while it waits.
+            for _ in 0..READS {
+                assert_ne!(
+                    reply(client),
+                    dev.gated,
+                    "the gated read answered while shut"
+                );
+            }
+            *dev.open.lock() = true;
+            dev.opened.notify_all();
+            assert_eq!(reply(client), dev.gated);
+            assert_eq!(answered.len() as u64, READS + 1);
+        });
+        let (batches, served) = (
+            dev.batches.load(Ordering::Relaxed),
+            dev.served.load(Ordering::Relaxed),
+        );
+        assert!(batches >= 1, "no batch");
+        // Without batching every read would be a `read_at`: READS / 2 even blocks served.
+        assert!(
+            served > 1 && batches < served,
+            "{served} reads served in {batches} batches"
+        );
     }
 
     /// The size of the test connections' devices.

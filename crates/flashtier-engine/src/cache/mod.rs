@@ -31,6 +31,7 @@ mod partial_blocks;
 mod pass_through;
 mod plan;
 mod read;
+mod read_batch;
 mod scrub;
 mod write;
 mod write_around;
@@ -46,7 +47,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use flashtier_io::{check_range, AlignedBuf, BlockDev, DevInfo, Extent, ZeroOpts};
+use flashtier_io::{check_range, AlignedBuf, BatchRead, BlockDev, DevInfo, Extent, ZeroOpts};
 
 use crate::cleaner;
 use crate::engine::{self, Engine, OpenReport};
@@ -478,6 +479,14 @@ impl BlockDev for Cache {
 
     fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
         self.read(buf, offset, false)
+    }
+
+    fn read_batch_max(&self) -> usize {
+        self.read_batch_limit()
+    }
+
+    fn read_batch(&self, reads: &mut [BatchRead<'_>]) {
+        self.read_batch_hits(reads)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {

@@ -26,6 +26,26 @@ pub(super) fn first_lost(st: &crate::state::State, first: u64, n: u64) -> Option
     (first..first + n).find(|&lba| st.lost.overlaps(lba, 1))
 }
 
+/// A hit found under the state lock: touches its slot for the policy, takes the checksum it was
+/// written with, and pins its segment (once per segment run) until the read of it is done.
+pub(super) fn pin_hit<const C: usize, const P: usize>(
+    e: &crate::engine::Engine,
+    st: &crate::state::State,
+    slot: u32,
+    now: u32,
+    crcs: &mut SmallVec<[u32; C]>,
+    pinned: &mut SmallVec<[u32; P]>,
+) {
+    st.index.touch(slot);
+    crcs.push(st.crcs[slot as usize]);
+    let seg = e.geo.segment_of(slot);
+    if pinned.last() != Some(&seg) {
+        st.segs.reader_enter(seg);
+        st.segs.note_access(seg, now);
+        pinned.push(seg);
+    }
+}
+
 /// How far a pass over a read's blocks got.
 pub(super) enum Pass {
     Done,
@@ -137,14 +157,7 @@ impl Cache {
                 let lba = first + i;
                 match st.index.get(lba) {
                     Some(slot) => {
-                        st.index.touch(slot);
-                        crcs.push(st.crcs[slot as usize]);
-                        let seg = e.geo.segment_of(slot);
-                        if pinned.last() != Some(&seg) {
-                            st.segs.reader_enter(seg);
-                            st.segs.note_access(seg, now);
-                            pinned.push(seg);
-                        }
+                        pin_hit(e, &st, slot, now, &mut crcs, &mut pinned);
                         match runs.last_mut() {
                             Some((_, Run::Hit { slot: s, n })) if *s + *n as u32 == slot => *n += 1,
                             _ => runs.push((i, Run::Hit { slot, n: 1 })),

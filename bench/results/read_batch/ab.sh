@@ -1,0 +1,45 @@
+#!/bin/bash
+# One line of bench/results/read_batch/README.md: 4 KiB read hits through one flashtier build.
+#
+#   ab.sh BIN LABEL [DIR]
+#
+# Formats a 512 MiB cache file in DIR (default /var/tmp/flashtier-read-batch: it must be on a
+# disk, O_DIRECT) for a 256 MiB backing file in /dev/shm, serves it write-back with the read
+# cutoff off, writes the 256 MiB once (every block cached), then runs 8 s of fio 4 KiB random
+# reads over NBD and prints IOPS, the server's CPU µs per read (utime+stime of all its threads
+# during the run ÷ reads) and the p99 latency. NJ (connections, default 1) and QD (per
+# connection, default 32) shape the load; EXTRA adds serve options (e.g. EXTRA="--threads 32").
+# Run two builds alternately, several rounds: the machine's noise is a few thousand IOPS.
+set -euo pipefail
+BIN=$1
+L=$2
+DIR=${3:-/var/tmp/flashtier-read-batch}
+mkdir -p "$DIR"
+BACK=/dev/shm/flashtier-read-batch-backing.img
+SOCK=$DIR/ft.sock
+truncate -s 256M "$BACK"
+rm -f "$SOCK"
+"$BIN" format --cache "$DIR/cache.img" --backing "$BACK" --size 512M --no-probe --force >/dev/null
+# shellcheck disable=SC2086
+"$BIN" serve --backing "$BACK" --listen "$SOCK" --cache "$DIR/cache.img" --mode write-back \
+    --set sequential_cutoff_read_kib=0 ${EXTRA:-} >"$DIR/log-$L" 2>&1 &
+PID=$!
+trap 'kill $PID 2>/dev/null || true; rm -f "$BACK"' EXIT
+for _ in $(seq 50); do [ -S "$SOCK" ] && break; sleep 0.1; done
+URI="nbd+unix:///?socket=$SOCK"
+fio --name=fill --ioengine=nbd --uri="$URI" --rw=write --bs=1M --iodepth=8 --size=256M \
+    --output-format=terse >/dev/null
+C0=$(awk '{print $14+$15}' /proc/$PID/stat)
+fio --name=r --ioengine=nbd --uri="$URI" --rw=randread --bs=4k --iodepth="${QD:-32}" \
+    --numjobs="${NJ:-1}" --group_reporting --size=256M --time_based --runtime=8 \
+    --output-format=json >"$DIR/r-$L.json"
+C1=$(awk '{print $14+$15}' /proc/$PID/stat)
+TICK=$(getconf CLK_TCK)
+python3 - "$DIR/r-$L.json" "$L" "$C0" "$C1" "$TICK" <<'EOF'
+import json, sys
+path, label, c0, c1, tick = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+text = open(path).read()
+r = json.loads(text[text.index("{"):])["jobs"][0]["read"]
+cpu_us = (c1 - c0) * 1e6 / tick / r["total_ios"]
+print(f"{label} iops {r['iops']:.0f} cpu us/io {cpu_us:.1f} p99 {r['clat_ns']['percentile']['99.000000'] / 1000:.0f}")
+EOF
