@@ -23,7 +23,8 @@ The measured binary gets its limits spelled out (the defaults: --max-connections
 64) and its peak RSS is checked against the bound the code enforces (ARCHITECTURE.md): the RSS
 it had before any client came, plus request memory charged to the budgets (at most
 max(request memory, one 32 MiB request)), plus the 256 KiB buffer each thread keeps and uses
-uncharged for requests up to 256 KiB, times (max connections + worker pool) threads, plus each
+uncharged for requests up to 256 KiB and the 112 KiB where a thread's batch of small READs lands,
+times (max connections + worker pool) threads, plus each
 connection's 256 KiB read buffer and 256 KiB of queued replies. Its peak thread count is checked against max connections +
 worker pool + the threads it had before any client.
 
@@ -296,6 +297,7 @@ def main():
 
     machine = bl.machine_description(after, work)
     out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     doc = {"command": bl.command_line(), "machine": machine, "binaries": {k: str(v) for k, v in binaries},
            "limit_flags": LIMIT_FLAGS, "memory_bound_beyond_idle_mib": memory_bound_mib(), "rows": rows}
     (out / "hostile_clients.json").write_text(json.dumps(doc, indent=2) + "\n")
@@ -312,8 +314,8 @@ def main():
         f"wall time of `nbdinfo --size` and of `qemu-io` (64 KiB write, read, flush), {LIMIT_S:.0f} s limit each. "
         f"Each server runs in a {args.rss_cap_mib} MiB memory cgroup. **after** runs with "
         f"`{' '.join(LIMIT_FLAGS)}` (its defaults); its bounds: RSS ≤ RSS before any client + "
-        f"max({REQUEST_MEMORY_MIB}, {MAX_PAYLOAD_MIB}) MiB charged request memory + 256 KiB kept per thread × "
-        f"({MAX_CONNECTIONS} + {WORKER_POOL}) threads + (256 KiB read buffer + 256 KiB queued replies) × {MAX_CONNECTIONS} connections "
+        f"max({REQUEST_MEMORY_MIB}, {MAX_PAYLOAD_MIB}) MiB charged request memory + (256 KiB kept + 112 KiB for a "
+        f"batch of small READs) per thread × ({MAX_CONNECTIONS} + {WORKER_POOL}) threads + (256 KiB read buffer + 256 KiB queued replies) × {MAX_CONNECTIONS} connections "
         f"= RSS before + {memory_bound_mib():,.0f} MiB; threads ≤ threads before + {MAX_CONNECTIONS} + {WORKER_POOL}.",
         "",
         "| attack | binary | RSS before MiB | peak RSS MiB | RSS bound MiB | peak threads | thread bound | "

@@ -19,6 +19,7 @@ BACK=/dev/shm/flashtier-read-batch-backing.img
 SOCK=$DIR/ft.sock
 truncate -s 256M "$BACK"
 rm -f "$SOCK"
+rm -f "$DIR/cache.img"
 "$BIN" format --cache "$DIR/cache.img" --backing "$BACK" --size 512M --no-probe --force >/dev/null
 # shellcheck disable=SC2086
 "$BIN" serve --backing "$BACK" --listen "$SOCK" --cache "$DIR/cache.img" --mode write-back \
