@@ -1154,6 +1154,87 @@ mod tests {
         );
     }
 
+    proptest::proptest! {
+        // Few shrinking steps: a failing case may wait out the client's 5 s read timeout.
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 48,
+            max_shrink_iters: 16,
+            ..Default::default()
+        })]
+
+        /// Any stream of READs (aligned or not, small or past the batch limit, in range or not,
+        /// with a FLUSH or an unknown command here and there to end batches), served by a device
+        /// that batches half its reads and leaves the rest: every request gets exactly one reply,
+        /// a READ in range its data, one out of range `EINVAL`, an unknown command `EINVAL`.
+        #[test]
+        fn every_pipelined_request_gets_its_one_right_reply(
+            reqs in proptest::collection::vec(
+                (0u8..20, 0u64..(TEST_SIZE + 8192), 1u32..20_000),
+                1..80,
+            ),
+        ) {
+            let dev = std::sync::Arc::new(HalfBatching {
+                inner: flashtier_testkit::MemDev::new(TEST_SIZE as usize),
+                gated: u64::MAX,
+                open: parking_lot::Mutex::new(true),
+                opened: parking_lot::Condvar::new(),
+                batches: AtomicUsize::new(0),
+                served: AtomicUsize::new(0),
+            });
+            let content: Vec<u8> = (0..TEST_SIZE).map(|i| (i / 512 % 251) as u8).collect();
+            dev.write_at(&content, 0, false).unwrap();
+            // (handle, command, offset, length) as sent.
+            let sent: Vec<(u64, u16, u64, u32)> = reqs
+                .iter()
+                .enumerate()
+                .map(|(h, &(kind, offset, length))| {
+                    let cmd = match kind {
+                        0 => cmd::FLUSH,
+                        1 => 0x7f, // unknown
+                        _ => cmd::READ,
+                    };
+                    let (offset, length) = match cmd {
+                        cmd::READ if kind % 3 == 0 => (offset, length), // unaligned
+                        cmd::READ => (offset / 512 * 512, length.div_ceil(512) * 512),
+                        _ => (0, 0),
+                    };
+                    (h as u64, cmd, offset, length)
+                })
+                .collect();
+            let stream: Vec<u8> = sent
+                .iter()
+                .flat_map(|&(handle, cmd, offset, length)| {
+                    RequestHeader { flags: 0, cmd, handle, offset, length }.encode()
+                })
+                .collect();
+            with_connection(dev.clone(), |client| {
+                client.write_all(&stream).unwrap();
+                let mut answered = vec![false; sent.len()];
+                for _ in 0..sent.len() {
+                    let mut head = [0u8; 16];
+                    client.read_exact(&mut head).unwrap();
+                    let error = u32::from_be_bytes(head[4..8].try_into().unwrap());
+                    let handle = u64::from_be_bytes(head[8..16].try_into().unwrap()) as usize;
+                    assert!(!answered[handle], "request {handle} answered twice");
+                    answered[handle] = true;
+                    let (_, cmd, offset, length) = sent[handle];
+                    let in_range = offset + length as u64 <= TEST_SIZE;
+                    match cmd {
+                        cmd::READ if in_range => {
+                            assert_eq!(error, 0, "READ {handle} at {offset}+{length}");
+                            let mut data = vec![0u8; length as usize];
+                            client.read_exact(&mut data).unwrap();
+                            let want = &content[offset as usize..offset as usize + length as usize];
+                            assert!(data == want, "data of READ {handle} at {offset}+{length}");
+                        }
+                        cmd::READ | 0x7f => assert_eq!(error, errno::EINVAL, "request {handle}"),
+                        _ => assert_eq!(error, 0, "FLUSH {handle}"),
+                    }
+                }
+            });
+        }
+    }
+
     /// The size of the test connections' devices.
     const TEST_SIZE: u64 = 1 << 20;
 
