@@ -761,29 +761,10 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
         let mut header = [0u8; wire::STRUCTURED_HEADER_LEN + 8];
         let mut tail = Vec::new();
         let (head_len, body): (usize, &[u8]) = match (result, structured) {
-            (Ok(Done::Data), false) => {
-                header[..16].copy_from_slice(&wire::simple_reply(0, h.handle));
-                (16, buf)
-            }
-            (Ok(Done::Data), true) if buf.is_empty() => {
-                header[..20].copy_from_slice(&wire::structured_header(
-                    reply::FLAG_DONE,
-                    reply::TYPE_NONE,
-                    h.handle,
-                    0,
-                ));
-                (20, &[])
-            }
-            (Ok(Done::Data), true) => {
-                header[..20].copy_from_slice(&wire::structured_header(
-                    reply::FLAG_DONE,
-                    reply::TYPE_OFFSET_DATA,
-                    h.handle,
-                    8 + buf.len() as u32,
-                ));
-                header[20..28].copy_from_slice(&h.offset.to_be_bytes());
-                (28, buf)
-            }
+            (Ok(Done::Data), _) => (
+                data_reply_header(structured, h, buf.len(), &mut header),
+                buf,
+            ),
             (Ok(Done::Extents), _) => {
                 let id = self.params.session.base_allocation.unwrap_or(0);
                 tail.reserve(4 + extents.len() * 8);
@@ -829,6 +810,37 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
             &|yes| self.params.conn.writing(yes),
         )
     }
+}
+
+/// Writes the header of a successful READ's reply with `len` bytes of data into `header`;
+/// returns its length (the data follows it, none for an empty structured reply).
+fn data_reply_header(
+    structured: bool,
+    h: &RequestHeader,
+    len: usize,
+    header: &mut [u8; wire::STRUCTURED_HEADER_LEN + 8],
+) -> usize {
+    if !structured {
+        header[..16].copy_from_slice(&wire::simple_reply(0, h.handle));
+        return 16;
+    }
+    if len == 0 {
+        header[..20].copy_from_slice(&wire::structured_header(
+            reply::FLAG_DONE,
+            reply::TYPE_NONE,
+            h.handle,
+            0,
+        ));
+        return 20;
+    }
+    header[..20].copy_from_slice(&wire::structured_header(
+        reply::FLAG_DONE,
+        reply::TYPE_OFFSET_DATA,
+        h.handle,
+        8 + len as u32,
+    ));
+    header[20..28].copy_from_slice(&h.offset.to_be_bytes());
+    28
 }
 
 /// The reply to a request the device failed.
@@ -1172,6 +1184,7 @@ mod tests {
                 (0u8..20, 0u64..(TEST_SIZE + 8192), 1u32..20_000),
                 1..80,
             ),
+            structured in proptest::bool::ANY,
         ) {
             let dev = std::sync::Arc::new(HalfBatching {
                 inner: flashtier_testkit::MemDev::new(TEST_SIZE as usize),
@@ -1207,14 +1220,16 @@ mod tests {
                     RequestHeader { flags: 0, cmd, handle, offset, length }.encode()
                 })
                 .collect();
-            with_connection(dev.clone(), |client| {
+            with_session(dev.clone(), structured, |client| {
                 client.write_all(&stream).unwrap();
                 let mut answered = vec![false; sent.len()];
                 for _ in 0..sent.len() {
-                    let mut head = [0u8; 16];
-                    client.read_exact(&mut head).unwrap();
-                    let error = u32::from_be_bytes(head[4..8].try_into().unwrap());
-                    let handle = u64::from_be_bytes(head[8..16].try_into().unwrap()) as usize;
+                    let (handle, error, data, at) = read_reply(client, structured, |h| {
+                        let (_, cmd, offset, length) = sent[h as usize];
+                        let in_range = offset + length as u64 <= TEST_SIZE;
+                        if cmd == cmd::READ && in_range { length as usize } else { 0 }
+                    });
+                    let handle = handle as usize;
                     assert!(!answered[handle], "request {handle} answered twice");
                     answered[handle] = true;
                     let (_, cmd, offset, length) = sent[handle];
@@ -1222,8 +1237,9 @@ mod tests {
                     match cmd {
                         cmd::READ if in_range => {
                             assert_eq!(error, 0, "READ {handle} at {offset}+{length}");
-                            let mut data = vec![0u8; length as usize];
-                            client.read_exact(&mut data).unwrap();
+                            if structured {
+                                assert_eq!(at, Some(offset), "READ {handle}'s chunk offset");
+                            }
                             let want = &content[offset as usize..offset as usize + length as usize];
                             assert!(data == want, "data of READ {handle} at {offset}+{length}");
                         }
@@ -1232,6 +1248,50 @@ mod tests {
                     }
                 }
             });
+        }
+    }
+
+    /// Reads one reply: its handle, its errno, a READ's data (`data_len` of the handle: how much
+    /// a simple reply's data is, if it succeeds) and, structured, the offset its data chunk
+    /// names. Structured: one chunk, with `DONE`.
+    fn read_reply(
+        client: &mut std::os::unix::net::UnixStream,
+        structured: bool,
+        data_len: impl Fn(u64) -> usize,
+    ) -> (u64, u32, Vec<u8>, Option<u64>) {
+        let be32 = |b: &[u8]| u32::from_be_bytes(b.try_into().unwrap());
+        let be64 = |b: &[u8]| u64::from_be_bytes(b.try_into().unwrap());
+        let mut head = [0u8; wire::STRUCTURED_HEADER_LEN];
+        client.read_exact(&mut head[..16]).unwrap();
+        // A command without data may be answered with a simple reply either way.
+        if be32(&head[..4]) == wire::SIMPLE_REPLY_MAGIC {
+            let (error, handle) = (be32(&head[4..8]), be64(&head[8..16]));
+            let len = if error == 0 { data_len(handle) } else { 0 };
+            assert!(!structured || len == 0, "READ {handle}: a simple reply");
+            let mut data = vec![0u8; len];
+            client.read_exact(&mut data).unwrap();
+            return (handle, error, data, None);
+        }
+        assert!(structured, "a structured reply not negotiated");
+        assert_eq!(be32(&head[..4]), wire::STRUCTURED_REPLY_MAGIC);
+        client.read_exact(&mut head[16..]).unwrap();
+        let flags = u16::from_be_bytes([head[4], head[5]]);
+        let kind = u16::from_be_bytes([head[6], head[7]]);
+        let (handle, len) = (be64(&head[8..16]), be32(&head[16..20]) as usize);
+        assert_eq!(
+            flags & reply::FLAG_DONE,
+            reply::FLAG_DONE,
+            "one chunk a reply"
+        );
+        let mut payload = vec![0u8; len];
+        client.read_exact(&mut payload).unwrap();
+        match kind {
+            reply::TYPE_NONE => (handle, 0, Vec::new(), None),
+            reply::TYPE_OFFSET_DATA => {
+                (handle, 0, payload[8..].to_vec(), Some(be64(&payload[..8])))
+            }
+            reply::TYPE_ERROR => (handle, be32(&payload[..4]), Vec::new(), None),
+            other => panic!("reply type {other:#x} to request {handle}"),
         }
     }
 
@@ -1245,6 +1305,15 @@ mod tests {
         dev: std::sync::Arc<dyn BlockDev>,
         client: impl FnOnce(&mut std::os::unix::net::UnixStream),
     ) -> ConnState {
+        with_session(dev, false, client)
+    }
+
+    /// [`with_connection`], with structured replies negotiated or not.
+    fn with_session(
+        dev: std::sync::Arc<dyn BlockDev>,
+        structured: bool,
+        client: impl FnOnce(&mut std::os::unix::net::UnixStream),
+    ) -> ConnState {
         use std::os::fd::AsRawFd;
 
         let export = Export::new("", dev);
@@ -1256,7 +1325,7 @@ mod tests {
         let params = Params {
             export: &export,
             session: Session {
-                structured_replies: false,
+                structured_replies: structured,
                 base_allocation: None,
                 flags: 0,
                 size: TEST_SIZE,

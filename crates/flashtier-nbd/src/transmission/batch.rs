@@ -21,9 +21,9 @@ use std::thread::Scope;
 use flashtier_io::{AlignedBuf, BatchRead};
 use smallvec::SmallVec;
 
-use crate::wire::{self, cmd, reply, RequestHeader};
+use crate::wire::{self, cmd, RequestHeader};
 
-use super::{device_failure, Done, Failure, Request, Shared};
+use super::{data_reply_header, device_failure, Done, Failure, Request, Shared};
 
 /// Most requests in a batch (the first one included). Small batches keep several in flight on a
 /// connection's threads, so the cache device's queue refills as each batch's replies go out;
@@ -256,27 +256,7 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
                 Some(Ok(())) => {
                     let data: &[u8] = read.buf;
                     let mut head = [0u8; wire::STRUCTURED_HEADER_LEN + 8];
-                    let head_len = if structured && !data.is_empty() {
-                        head[..20].copy_from_slice(&wire::structured_header(
-                            reply::FLAG_DONE,
-                            reply::TYPE_OFFSET_DATA,
-                            h.handle,
-                            8 + data.len() as u32,
-                        ));
-                        head[20..28].copy_from_slice(&h.offset.to_be_bytes());
-                        28
-                    } else if structured {
-                        head[..20].copy_from_slice(&wire::structured_header(
-                            reply::FLAG_DONE,
-                            reply::TYPE_NONE,
-                            h.handle,
-                            0,
-                        ));
-                        20
-                    } else {
-                        head[..16].copy_from_slice(&wire::simple_reply(0, h.handle));
-                        16
-                    };
+                    let head_len = data_reply_header(structured, h, data.len(), &mut head);
                     heads.push((head, head_len));
                     bodies.push(data);
                 }
