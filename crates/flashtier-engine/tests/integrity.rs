@@ -13,7 +13,7 @@ use std::sync::Arc;
 use common::*;
 use flashtier_engine::internals::batch::{BatchHeader, Kind};
 use flashtier_engine::{read_superblock, Cache, Damage, Mode, ScrubProgress};
-use flashtier_io::BlockDev;
+use flashtier_io::{BatchRead, BlockDev};
 use flashtier_testkit::{CrashDev, CrashPolicy, FaultDev, MemDev};
 
 const CACHE: usize = 32 << 20;
@@ -262,10 +262,18 @@ fn a_torn_tail_is_not_damage() {
     c.close().unwrap();
 }
 
-/// After a clean shutdown, one byte of a dirty block and one of a clean (promoted) block flip.
-/// Before: reads returned the bad byte and `flush` wrote it to the backing store.
-#[test]
-fn damaged_cache_blocks_are_never_served_or_written_back() {
+/// A cache after a clean shutdown with one byte flipped in dirty block 100 (of 8 MiB written from
+/// block 0, `dirty`) and one in a clean block promoted after a miss (returned: its block; the
+/// backing store holds `original` from 32 MiB).
+struct Damaged {
+    cdev: Arc<MemDev>,
+    bdev: Arc<MemDev>,
+    original: Vec<u8>,
+    dirty: Vec<u8>,
+    clean_lba: u64,
+}
+
+fn damaged_clean_and_dirty() -> Damaged {
     let (cdev, bdev) = formatted();
     let original = pattern(5, 1 << 20);
     bdev.write_at(&original, 32 << 20, false).unwrap();
@@ -294,7 +302,26 @@ fn damaged_cache_blocks_are_never_served_or_written_back() {
         })
         .expect("the promoted block is on the cache device");
     flip(&cdev, clean_at + 9);
+    Damaged {
+        cdev,
+        bdev,
+        original,
+        dirty,
+        clean_lba,
+    }
+}
 
+/// After a clean shutdown, one byte of a dirty block and one of a clean (promoted) block flip.
+/// Before: reads returned the bad byte and `flush` wrote it to the backing store.
+#[test]
+fn damaged_cache_blocks_are_never_served_or_written_back() {
+    let Damaged {
+        cdev,
+        bdev,
+        original,
+        dirty,
+        clean_lba,
+    } = damaged_clean_and_dirty();
     let c = open_default(&cdev, &bdev);
     // The clean block is read from the backing store instead.
     let mut b = vec![0u8; BS as usize];
@@ -322,6 +349,34 @@ fn damaged_cache_blocks_are_never_served_or_written_back() {
     assert!(read_block(&c, 100).is_err());
     assert_eq!(c.forget_lost(None).unwrap(), 1);
     assert!(read_block(&c, 100).unwrap() == vec![0u8; BS as usize]);
+    c.close().unwrap();
+}
+
+/// The same damage met by a batch of reads (`read_batch`, as the NBD server batches pipelined
+/// READs): the clean block comes from the backing store, the dirty one fails alone, its
+/// neighbours are served.
+#[test]
+fn a_batch_of_reads_never_serves_a_damaged_block() {
+    let d = damaged_clean_and_dirty();
+    let c = open_default(&d.cdev, &d.bdev);
+    let lbas = [99, d.clean_lba, 100, 101];
+    let mut bufs = vec![vec![0u8; BS as usize]; lbas.len()];
+    let mut reads: Vec<BatchRead<'_>> = bufs
+        .iter_mut()
+        .zip(lbas)
+        .map(|(buf, lba)| BatchRead::new(buf, lba * BS))
+        .collect();
+    c.read_batch(&mut reads);
+    let results: Vec<_> = reads.iter_mut().map(|r| r.result.take()).collect();
+    drop(reads);
+    let block = |data: &[u8], i: u64| data[(i * BS) as usize..((i + 1) * BS) as usize].to_vec();
+    assert!(matches!(results[0], Some(Ok(()))) && bufs[0] == block(&d.dirty, 99));
+    assert!(matches!(results[1], Some(Ok(()))) && bufs[1] == block(&d.original, 3));
+    let lost = results[2].as_ref().expect("served").as_ref().unwrap_err();
+    assert!(lost.to_string().contains("block 100 is lost"), "{lost}");
+    assert!(matches!(results[3], Some(Ok(()))) && bufs[3] == block(&d.dirty, 101));
+    let s = c.stats();
+    assert_eq!((s.checksum_errors, s.lost_blocks), (2, 1), "{s:?}");
     c.close().unwrap();
 }
 
