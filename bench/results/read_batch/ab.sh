@@ -20,7 +20,7 @@ SOCK=$DIR/ft.sock
 truncate -s 256M "$BACK"
 rm -f "$SOCK"
 rm -f "$DIR/cache.img"
-"$BIN" format --cache "$DIR/cache.img" --backing "$BACK" --size 512M --no-probe --force >/dev/null
+"$BIN" format --cache "$DIR/cache.img" --backing "$BACK" --size 512M --no-probe --force >/dev/null 2>&1
 # shellcheck disable=SC2086
 "$BIN" serve --backing "$BACK" --listen "$SOCK" --cache "$DIR/cache.img" --mode write-back \
     --set sequential_cutoff_read_kib=0 ${EXTRA:-} >"$DIR/log-$L" 2>&1 &

@@ -61,8 +61,8 @@ impl BlockDev for Switchable {
         self.current.read().read_batch_max()
     }
 
-    fn read_batch(&self, reads: &mut [BatchRead<'_>]) {
-        self.current.read().read_batch(reads)
+    fn read_batch(&self, reads: &mut [BatchRead<'_>], leave: &mut dyn FnMut(&[usize])) {
+        self.current.read().read_batch(reads, leave)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {

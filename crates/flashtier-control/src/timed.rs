@@ -187,9 +187,9 @@ impl BlockDev for Timed {
 
     /// Each read served is traced, timed (the batch's time), and joins the working set, as
     /// through `read_at`; those left are, when the caller reads them with `read_at`.
-    fn read_batch(&self, reads: &mut [BatchRead<'_>]) {
+    fn read_batch(&self, reads: &mut [BatchRead<'_>], leave: &mut dyn FnMut(&[usize])) {
         let start = Instant::now();
-        self.inner.read_batch(reads);
+        self.inner.read_batch(reads, leave);
         for r in reads.iter() {
             let Some(result) = &r.result else { continue };
             let n = r.buf.len() as u64;

@@ -125,7 +125,7 @@ fn allocations_per_read_hit_and_per_write_back_write() {
             .enumerate()
             .map(|(k, buf)| BatchRead::new(buf, block(round * 16 + k as u64) * BS))
             .collect();
-        c.read_batch(&mut batch);
+        c.read_batch(&mut batch, &mut |left| panic!("reads {left:?} left"));
         assert!(batch.iter().all(|r| matches!(r.result, Some(Ok(())))));
     }
     let (mine1, all1) = counts();

@@ -366,7 +366,7 @@ fn a_batch_of_reads_never_serves_a_damaged_block() {
         .zip(lbas)
         .map(|(buf, lba)| BatchRead::new(buf, lba * BS))
         .collect();
-    c.read_batch(&mut reads);
+    c.read_batch(&mut reads, &mut |left| panic!("reads {left:?} left"));
     let results: Vec<_> = reads.iter_mut().map(|r| r.result.take()).collect();
     drop(reads);
     let block = |data: &[u8], i: u64| data[(i * BS) as usize..((i + 1) * BS) as usize].to_vec();

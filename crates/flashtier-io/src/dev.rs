@@ -126,10 +126,16 @@ pub trait BlockDev: Send + Sync {
 
     /// Serves the batch's reads together, as many as it can: each one served gets its `result`,
     /// the others are left `None` for the caller to read with `read_at` (the default serves
-    /// none). A device may leave a read when serving it would wait for something slower than
-    /// the batch's other reads (a cache miss waiting for the backing store): a caller that
-    /// answers a client should then send the served reads' replies first.
-    fn read_batch(&self, _reads: &mut [BatchRead<'_>]) {}
+    /// none). A device may leave a read when serving it would wait for something slower or
+    /// faster than the batch's other reads (a cache miss, bound for the backing store), and
+    /// tells `leave` the places of the reads it leaves as soon as it knows (a cache: before it
+    /// reads anything), so that the caller can have them read elsewhere meanwhile; each read
+    /// left is named once.
+    fn read_batch(&self, reads: &mut [BatchRead<'_>], leave: &mut dyn FnMut(&[usize])) {
+        for i in 0..reads.len() {
+            leave(&[i]);
+        }
+    }
 
     /// Writes all of `buf` at `offset`. With `fua`, the data is durable when this returns.
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()>;

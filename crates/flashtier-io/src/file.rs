@@ -296,7 +296,8 @@ impl BlockDev for FileDev {
         }
     }
 
-    fn read_batch(&self, reads: &mut [BatchRead<'_>]) {
+    /// Serves every read; without io_uring (or a ring for this thread) it leaves them all.
+    fn read_batch(&self, reads: &mut [BatchRead<'_>], leave: &mut dyn FnMut(&[usize])) {
         uring::read_batch(
             reads,
             |read| {
@@ -323,6 +324,11 @@ impl BlockDev for FileDev {
                 });
             },
         );
+        for (i, read) in reads.iter().enumerate() {
+            if read.result.is_none() {
+                leave(&[i]);
+            }
+        }
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
@@ -854,7 +860,7 @@ mod tests {
                 BatchRead::new(&mut b[s..s + len], off)
             })
             .collect();
-        dev.read_batch(&mut batch);
+        dev.read_batch(&mut batch, &mut |_| {});
         batch
             .into_iter()
             .map(|r| (r.result, r.buf.to_vec()))

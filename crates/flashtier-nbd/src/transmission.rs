@@ -174,6 +174,7 @@ enum SeatState {
 }
 
 /// A request read off the wire, its payload (if any) in the thread's buffer.
+#[derive(Clone, Copy)]
 struct Request {
     hdr: RequestHeader,
     /// A WRITE payload larger than the maximum was read and discarded.
@@ -1068,13 +1069,22 @@ mod tests {
         fn read_batch_max(&self) -> usize {
             32
         }
-        fn read_batch(&self, reads: &mut [flashtier_io::BatchRead<'_>]) {
+        /// Names the odd blocks' reads to `leave` first, as a cache names its misses.
+        fn read_batch(
+            &self,
+            reads: &mut [flashtier_io::BatchRead<'_>],
+            leave: &mut dyn FnMut(&[usize]),
+        ) {
             self.batches.fetch_add(1, Ordering::Relaxed);
-            for r in reads.iter_mut() {
-                if (r.offset / 4096).is_multiple_of(2) {
-                    self.served.fetch_add(1, Ordering::Relaxed);
-                    r.result = Some(self.inner.read_at(r.buf, r.offset));
+            let even = |r: &flashtier_io::BatchRead<'_>| (r.offset / 4096).is_multiple_of(2);
+            for (i, r) in reads.iter().enumerate() {
+                if !even(r) {
+                    leave(&[i]);
                 }
+            }
+            for r in reads.iter_mut().filter(|r| even(r)) {
+                self.served.fetch_add(1, Ordering::Relaxed);
+                r.result = Some(self.inner.read_at(r.buf, r.offset));
             }
         }
         fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {

@@ -485,8 +485,8 @@ impl BlockDev for Cache {
         self.read_batch_limit()
     }
 
-    fn read_batch(&self, reads: &mut [BatchRead<'_>]) {
-        self.read_batch_hits(reads)
+    fn read_batch(&self, reads: &mut [BatchRead<'_>], leave: &mut dyn FnMut(&[usize])) {
+        self.read_batch_hits(reads, leave)
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {

@@ -5,9 +5,9 @@
 //! two thirds of the server's CPU per read, most of it the sleep and the wake-up).
 //!
 //! Only whole hits are taken: a read with a miss, a lost block, an unaligned edge or blocks in
-//! more than one run of slots is left to the caller (`result` stays `None`), who reads it with
-//! `read_at` and may hand it to another thread, so a miss waiting for the backing store never
-//! holds up the batch's hits. Nothing a left read's own `read_at` does is done here first: its
+//! more than one run of slots is left to the caller (`result` stays `None`) and named to its
+//! `leave` right after the lookup, before any hit is read: it reads them with `read_at`, on
+//! other threads, so a miss and the batch's hits never wait for each other. Nothing a left read's own `read_at` does is done here first: its
 //! plan (the read stream's observation) and its counters are left to that call.
 //!
 //! A taken read is served exactly as `read.rs` serves it: counted as a read, planned (the stream
@@ -44,11 +44,17 @@ const INLINE: usize = 32;
 
 impl Cache {
     /// Serves the reads of `reads` that are whole hits (see the module documentation); the
-    /// others are left `None`.
-    pub(super) fn read_batch_hits(&self, reads: &mut [BatchRead<'_>]) {
+    /// others are left `None`, and named to `leave` before any is read.
+    pub(super) fn read_batch_hits(
+        &self,
+        reads: &mut [BatchRead<'_>],
+        leave: &mut dyn FnMut(&[usize]),
+    ) {
         let e = &*self.e;
         let bs = self.block_size();
         if !self.mode().caches_reads() {
+            let all: SmallVec<[usize; INLINE]> = (0..reads.len()).collect();
+            leave(&all);
             return;
         }
         let tail = self.uncached_tail();
@@ -90,6 +96,19 @@ impl Cache {
                 });
             }
         }
+        // The misses may be read elsewhere while the hits are read here.
+        let mut left: SmallVec<[usize; INLINE]> = SmallVec::new();
+        let mut next = taken.iter().peekable();
+        for (at, r) in reads.iter().enumerate() {
+            if next.peek().is_some_and(|t| t.at == at) {
+                next.next();
+            } else if r.result.is_none() {
+                left.push(at);
+            }
+        }
+        if !left.is_empty() {
+            leave(&left);
+        }
         if taken.is_empty() {
             return;
         }
@@ -113,7 +132,8 @@ impl Cache {
                     device.push(BatchRead::new(&mut *r.buf, e.geo.slot_offset(t.slot)));
                 }
             }
-            e.cache.read_batch(&mut device);
+            // What it leaves (it does not batch) is read below, on this thread.
+            e.cache.read_batch(&mut device, &mut |_| {});
             for d in &mut device {
                 // The cache device left it (no io_uring here): read it on this thread.
                 let result = match d.result.take() {
