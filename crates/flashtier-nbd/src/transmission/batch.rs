@@ -1,8 +1,8 @@
 //! Small READs already buffered behind the one just read are read with it and served together
 //! (`BlockDev::read_batch`): for a cache, its hits with one submission to the cache device and
-//! one sleep, and their replies with one write. At QD32 one `recv` brings about ten requests;
-//! before this each took a thread wake-up for the seat, a blocking `pread` (a sleep and a wake-up)
-//! and a `writev` of its own.
+//! one sleep, and their replies with one write. At QD32 one `recv` brings ten to fifteen
+//! requests; before this each took a thread wake-up for the seat, a blocking `pread` (a sleep and
+//! a wake-up) and a `writev` of its own.
 //!
 //! Only while the device says it serves batches (`read_batch_max` above 1) and only reads that
 //! are whole in the buffer, so reading them costs no system call and never waits. What the device
@@ -28,9 +28,9 @@ use super::{data_reply_header, device_failure, Done, Failure, Request, Shared};
 
 /// Most requests in a batch (the first one included). Small batches keep several in flight on a
 /// connection's threads, so the cache device's queue refills as each batch's replies go out;
-/// one connection at QD32 served 4 KiB read hits at 0.93× the unbatched server's rate in batches
-/// of up to 32 (the client and the server fell into lockstep, a few big batches at a time) and
-/// 0.98–1.12× in batches of up to 8 (bench/results/read_batch/).
+/// one connection at QD32 served 4 KiB read hits at 0.84–0.89× the unbatched server's rate in
+/// batches of up to 32 (the client and the server fell into lockstep, a few big batches at a
+/// time) and 0.94–1.04× in batches of up to 8 (bench/results/read_batch/).
 const MAX_BATCH: usize = 8;
 /// Largest READ taken into a batch after the first (InnoDB's 16 KiB pages, 4 KiB blocks).
 const MAX_BATCHED_READ: usize = 16 << 10;
