@@ -117,8 +117,11 @@ fn a_batch_serves_its_whole_hits_and_leaves_the_rest_untouched() {
     let c = setup(dev.clone());
     assert_eq!(c.read_batch_max(), 32);
     // (offset, len, served): hits, a miss, a read half cached, an unaligned hit.
-    let cases: [(u64, usize, bool); 6] = [
+    let cases: [(u64, usize, bool); 8] = [
         (3 * BS, 4096, true),
+        // Out of range, and at an offset whose end overflows: left to `read_at`.
+        (BACKING, 4096, false),
+        (u64::MAX - 4095, 4096, false),
         (CACHED * BS + 5 * BS, 4096, false),
         (10 * BS, 8192, true),
         ((CACHED - 1) * BS, 8192, false),
@@ -164,14 +167,17 @@ fn a_batch_serves_its_whole_hits_and_leaves_the_rest_untouched() {
     // One batch of the three hits on the cache device.
     assert_eq!(dev.batches.load(Ordering::Relaxed), 1);
     assert_eq!(dev.batched_reads.load(Ordering::Relaxed), 3);
-    // The left reads, read as the caller would: right data, counted then.
+    // The left reads, read as the caller would: right data (or refused), counted then.
     for (buf, &(offset, len, s)) in bufs.iter_mut().zip(&cases) {
-        if !s {
+        if !s && offset < BACKING {
             c.read_at(buf, offset).unwrap();
             assert!(
                 *buf == expected(offset, len),
                 "data of the read at {offset}"
             );
+        } else if !s {
+            let e = c.read_at(buf, offset).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EINVAL), "{e}");
         }
     }
     assert_eq!(c.stats().reads - before.reads, 6);

@@ -67,7 +67,9 @@ impl Cache {
             for (at, r) in reads.iter().enumerate() {
                 let len = r.buf.len() as u64;
                 let whole_blocks = len > 0 && r.offset.is_multiple_of(bs) && len.is_multiple_of(bs);
-                if r.result.is_some() || !whole_blocks || r.offset + len > tail {
+                // Out of range too: left to `read_at`, which refuses it.
+                let beyond = r.offset.checked_add(len).is_none_or(|end| end > tail);
+                if r.result.is_some() || !whole_blocks || beyond {
                     continue;
                 }
                 let (first, count) = (r.offset / bs, len / bs);
