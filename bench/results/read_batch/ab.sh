@@ -1,5 +1,6 @@
 #!/bin/bash
-# One line of bench/results/read_batch/README.md: 4 KiB read hits through one flashtier build.
+# One line of bench/results/read_batch/README.md: 4 KiB read hits through one flashtier build
+# (with MISSES=1, mostly misses).
 #
 #   ab.sh BIN LABEL [DIR]
 #
@@ -10,6 +11,9 @@
 # during the run ÷ reads) and the p99 latency. NJ (connections, default 1) and QD (per
 # connection, default 32) shape the load; EXTRA adds serve options (e.g. EXTRA="--threads 32").
 # Run two builds alternately, several rounds: the machine's noise is a few thousand IOPS.
+#
+# MISSES=1: the miss path instead. The backing file is 2 GiB and nothing is written first, so
+# most reads miss (and promote); in RAM, a miss costs microseconds, so whatever it waits for shows.
 set -euo pipefail
 BIN=$1
 L=$2
@@ -17,7 +21,9 @@ DIR=${3:-/var/tmp/flashtier-read-batch}
 mkdir -p "$DIR"
 BACK=/dev/shm/flashtier-read-batch-backing.img
 SOCK=$DIR/ft.sock
-truncate -s 256M "$BACK"
+SIZE=256M
+[ "${MISSES:-0}" = 1 ] && SIZE=2G
+truncate -s "$SIZE" "$BACK"
 rm -f "$SOCK"
 rm -f "$DIR/cache.img"
 "$BIN" format --cache "$DIR/cache.img" --backing "$BACK" --size 512M --no-probe --force >/dev/null 2>&1
@@ -28,11 +34,13 @@ PID=$!
 trap 'kill $PID 2>/dev/null || true; rm -f "$BACK"' EXIT
 for _ in $(seq 50); do [ -S "$SOCK" ] && break; sleep 0.1; done
 URI="nbd+unix:///?socket=$SOCK"
-fio --name=fill --ioengine=nbd --uri="$URI" --rw=write --bs=1M --iodepth=8 --size=256M \
-    --output-format=terse >/dev/null
+if [ "${MISSES:-0}" != 1 ]; then
+    fio --name=fill --ioengine=nbd --uri="$URI" --rw=write --bs=1M --iodepth=8 --size="$SIZE" \
+        --output-format=terse >/dev/null
+fi
 C0=$(awk '{print $14+$15}' /proc/$PID/stat)
 fio --name=r --ioengine=nbd --uri="$URI" --rw=randread --bs=4k --iodepth="${QD:-32}" \
-    --numjobs="${NJ:-1}" --group_reporting --size=256M --time_based --runtime=8 \
+    --numjobs="${NJ:-1}" --group_reporting --size="$SIZE" --time_based --runtime=8 \
     --output-format=json >"$DIR/r-$L.json"
 C1=$(awk '{print $14+$15}' /proc/$PID/stat)
 TICK=$(getconf CLK_TCK)
