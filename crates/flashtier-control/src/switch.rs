@@ -9,7 +9,7 @@
 use std::io;
 use std::sync::Arc;
 
-use flashtier_io::{BatchRead, BlockDev, DevInfo, Extent, ZeroOpts};
+use flashtier_io::{BatchRead, BatchWrite, BlockDev, DevInfo, Extent, ZeroOpts};
 use parking_lot::RwLock;
 
 /// A device that forwards each request to whichever device it holds now (the cache, or the
@@ -67,6 +67,14 @@ impl BlockDev for Switchable {
 
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
         self.current.read().write_at(buf, offset, fua)
+    }
+
+    fn write_batch_max(&self) -> usize {
+        self.current.read().write_batch_max()
+    }
+
+    fn write_batch(&self, writes: &mut [BatchWrite<'_>]) {
+        self.current.read().write_batch(writes)
     }
 
     fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use flashtier_io::{BatchRead, BlockDev, DevInfo, Extent, ZeroOpts};
+use flashtier_io::{BatchRead, BatchWrite, BlockDev, DevInfo, Extent, ZeroOpts};
 
 use crate::histogram::{HistSnapshot, Histogram};
 use crate::trace::{TraceOp, Tracer};
@@ -197,6 +197,26 @@ impl BlockDev for Timed {
             self.lat.record(Op::Read, start, n, result.is_ok());
             if result.is_ok() {
                 self.working_set.record(r.offset, n);
+            }
+        }
+    }
+
+    fn write_batch_max(&self) -> usize {
+        self.inner.write_batch_max()
+    }
+
+    /// Each write done is traced, timed (the batch's time), and joins the working set, as
+    /// through `write_at`; those left are, when the caller writes them with `write_at`.
+    fn write_batch(&self, writes: &mut [BatchWrite<'_>]) {
+        let start = Instant::now();
+        self.inner.write_batch(writes);
+        for w in writes.iter() {
+            let Some(result) = &w.result else { continue };
+            let n = w.buf.len() as u64;
+            self.tracer.record(TraceOp::Write, w.offset, n, false);
+            self.lat.record(Op::Write, start, n, result.is_ok());
+            if result.is_ok() {
+                self.working_set.record(w.offset, n);
             }
         }
     }

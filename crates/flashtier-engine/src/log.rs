@@ -9,6 +9,7 @@
 //! go first and may use the last [`RESERVE`] free segments; *client* records (writes,
 //! promotions) wait when only the reserve is left, so reclaim can always make progress.
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -17,6 +18,7 @@ use std::time::Instant;
 
 use flashtier_io::{BufPool, PooledBuf};
 use parking_lot::{Condvar, Mutex};
+use smallvec::SmallVec;
 
 use crate::layout::batch::{self, BlockCrcs, Entry, Kind};
 use crate::FormatError;
@@ -191,8 +193,13 @@ struct Slot {
     result: Option<Result<Appended, LogError>>,
 }
 
+/// Most records one [`Log::append_group`] appends (and waits for) at once.
+pub const MAX_GROUP: usize = 8;
+
 thread_local! {
     static WAITER: Arc<Waiter> = Arc::new(Waiter::new());
+    /// A group's waiters after the first (`WAITER`), made on the thread's first group.
+    static GROUP: RefCell<Vec<Arc<Waiter>>> = const { RefCell::new(Vec::new()) };
 }
 
 impl Waiter {
@@ -212,6 +219,28 @@ impl Waiter {
         let waiter = WAITER
             .try_with(Arc::clone)
             .unwrap_or_else(|_| Arc::new(Waiter::new()));
+        Waiter::ticket_on(waiter)
+    }
+
+    /// A ticket for the `i`th wait of a group this thread waits for together (`i` <
+    /// [`MAX_GROUP`]): each on a waiter of its own, the first the thread's usual one.
+    fn ticket_of_group(i: usize) -> Ticket {
+        if i == 0 {
+            return Waiter::ticket();
+        }
+        let waiter = GROUP
+            .try_with(|group| {
+                let mut group = group.borrow_mut();
+                while group.len() < i {
+                    group.push(Arc::new(Waiter::new()));
+                }
+                Arc::clone(&group[i - 1])
+            })
+            .unwrap_or_else(|_| Arc::new(Waiter::new()));
+        Waiter::ticket_on(waiter)
+    }
+
+    fn ticket_on(waiter: Arc<Waiter>) -> Ticket {
         let mut slot = waiter.slot.lock();
         slot.ticket += 1;
         slot.result = None;
@@ -309,9 +338,9 @@ impl Queue {
 /// thread would (`log_writer::Rounds`); a narrow handle, so this module needs nothing of the
 /// writer.
 pub(crate) trait Lead: Send + Sync {
-    /// `None`: done. `Some(op)` back: the writer is busy or has work queued; queue the op for
-    /// its thread.
-    fn lead(&self, system: bool, op: Op) -> Option<Op>;
+    /// Runs every op of `ops` in one round and returns true; or false, `ops` untouched, when
+    /// the writer is busy or has work queued (queue them for its thread then).
+    fn lead(&self, system: bool, ops: &mut dyn Iterator<Item = Op>) -> bool;
 }
 
 /// Why writing a checkpoint failed (each fails the log, as a failed batch write does).
@@ -399,31 +428,38 @@ impl Log {
 
     /// Carries out an awaited op on this thread if the writer is idle, else queues it.
     fn submit(&self, system: bool, op: Op) {
-        let op = match self.leader.get().and_then(Weak::upgrade) {
-            Some(leader) => match leader.lead(system, op) {
-                None => return,
-                Some(op) => op,
-            },
-            None => op,
-        };
-        self.push(system, op);
+        self.submit_all(system, &mut std::iter::once(op));
+    }
+
+    /// Runs `ops` in a round on this thread if the writer is idle, else queues them for it: in
+    /// one batch either way when they fit one.
+    fn submit_all(&self, system: bool, ops: &mut dyn Iterator<Item = Op>) {
+        if let Some(leader) = self.leader.get().and_then(Weak::upgrade) {
+            if leader.lead(system, ops) {
+                return;
+            }
+        }
+        self.push_all(system, ops);
     }
 
     pub(crate) fn push(&self, system: bool, op: Op) {
+        self.push_all(system, &mut std::iter::once(op));
+    }
+
+    fn push_all(&self, system: bool, ops: &mut dyn Iterator<Item = Op>) {
         let mut q = self.queue.lock();
         if q.stop {
             drop(q);
-            match op {
-                Op::Append(_, w) | Op::Checkpoint(w) => complete(&w, Err(LogError::Shutdown)),
-                Op::Sync(w, _) => w.complete(Err(LogError::Shutdown)),
+            for op in ops {
+                match op {
+                    Op::Append(_, w) | Op::Checkpoint(w) => complete(&w, Err(LogError::Shutdown)),
+                    Op::Sync(w, _) => w.complete(Err(LogError::Shutdown)),
+                }
             }
             return;
         }
-        if system {
-            q.system.push_back(op);
-        } else {
-            q.client.push_back(op);
-        }
+        let queue = if system { &mut q.system } else { &mut q.client };
+        queue.extend(ops);
         drop(q);
         self.work.notify_one();
     }
@@ -458,6 +494,30 @@ impl Log {
         let w = Waiter::ticket();
         self.submit(system, Op::Append(rec, Some(w.clone())));
         w.wait()
+    }
+
+    /// Appends client records together (in one batch when they fit one; see
+    /// [`MAX_GROUP`]) and waits until all are written and applied: each one's result, in order.
+    pub fn append_group(
+        &self,
+        recs: impl ExactSizeIterator<Item = Record>,
+        results: &mut impl Extend<Result<Appended, LogError>>,
+    ) {
+        let n = recs.len();
+        assert!(
+            n <= MAX_GROUP,
+            "a group of {n} records (at most {MAX_GROUP})"
+        );
+        if let Err(e) = self.check_failed() {
+            results.extend((0..n).map(|_| Err(e.clone())));
+            return;
+        }
+        let tickets: SmallVec<[Ticket; MAX_GROUP]> = (0..n).map(Waiter::ticket_of_group).collect();
+        let mut ops = recs
+            .zip(&tickets)
+            .map(|(rec, w)| Op::Append(rec, Some(w.clone())));
+        self.submit_all(false, &mut ops);
+        results.extend(tickets.iter().map(Ticket::wait));
     }
 
     /// Appends a record without waiting for it.

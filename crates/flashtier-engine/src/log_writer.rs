@@ -332,25 +332,25 @@ impl Rounds {
 }
 
 impl Lead for Rounds {
-    fn lead(&self, system: bool, op: Op) -> Option<Op> {
+    fn lead(&self, system: bool, ops: &mut dyn Iterator<Item = Op>) -> bool {
         let log = &self.log;
         let mut q = log.queue.lock();
         if q.leading || q.has_work() {
-            return Some(op);
+            return false;
         }
         // Free: the thread holds it only while it holds the queue or leads.
         let Some(mut w) = self.writer.try_lock() else {
-            return Some(op);
+            return false;
         };
         if !w.ready_for_a_leader() {
-            return Some(op);
+            return false;
         }
         q.leading = true;
         drop(q);
         if system {
-            w.system_ops.push_back(op);
+            w.system_ops.extend(ops);
         } else {
-            w.client_pending.push_back(op);
+            w.client_pending.extend(ops);
         }
         w.run_ops();
         let (thread_needed, note_due) = (w.thread_needed(), w.note_due());
@@ -363,7 +363,7 @@ impl Lead for Rounds {
         if wake {
             log.work.notify_one();
         }
-        None
+        true
     }
 }
 

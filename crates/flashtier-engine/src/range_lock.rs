@@ -17,7 +17,9 @@
 //! requests; a release wakes waiters only when there are some.
 //!
 //! Lock order: a write takes `Engine::writes_gate` (shared) first, then its range here; nothing
-//! that holds a range takes the gate, and a thread never holds two ranges of one lock.
+//! that holds a range takes the gate, and a thread that holds a range never waits for another
+//! of the same lock: a batch of writes (`cache::write_batch`) holds several, each taken with
+//! [`RangeLock::try_lock`], and leaves a write whose range is not free at once.
 
 use parking_lot::{Condvar, Mutex};
 

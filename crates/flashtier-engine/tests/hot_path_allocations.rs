@@ -21,7 +21,7 @@
 use std::sync::Arc;
 
 use flashtier_engine::{format, BackingIdentity, Cache, FormatOptions, Mode};
-use flashtier_io::{BatchRead, BlockDev};
+use flashtier_io::{BatchRead, BatchWrite, BlockDev};
 use flashtier_testkit::alloc_count::{self, Counting};
 use flashtier_testkit::MemDev;
 
@@ -146,6 +146,30 @@ fn allocations_per_read_hit_and_per_write_back_write() {
     let s2 = c.stats();
     assert_eq!(s2.writes - s1.writes, N);
 
+    // The same writes 8 at a time (`write_batch`, as the NBD server batches pipelined WRITEs),
+    // after one batch that makes the thread's group waiters (once per thread).
+    let write_batch = |round: u64| {
+        let mut batch: smallvec::SmallVec<[BatchWrite<'_>; 8]> = (0..8)
+            .map(|k| BatchWrite::new(&wbuf, block(round * 8 + k) * BS))
+            .collect();
+        c.write_batch(&mut batch);
+        assert!(batch.iter().all(|w| matches!(w.result, Some(Ok(())))));
+    };
+    write_batch(N);
+    let s2 = c.stats();
+    let (mine0, all0) = counts();
+    for round in 0..N / 8 {
+        write_batch(round);
+    }
+    let (mine1, all1) = counts();
+    let batched_writes = Figures {
+        this_thread: (mine1 - mine0) as f64 / (N / 8 * 8) as f64,
+        all_threads: (all1 - all0) as f64 / (N / 8 * 8) as f64,
+    };
+    let s2b = c.stats();
+    assert_eq!(s2b.writes - s2.writes, N / 8 * 8);
+    let s2 = s2b;
+
     // The database commit: a write, then a FLUSH (a sync of the cache device).
     let commits = measure(|i| {
         c.write_at(&wbuf, block(i) * BS, false).unwrap();
@@ -166,6 +190,10 @@ fn allocations_per_read_hit_and_per_write_back_write() {
     println!(
         "  write-back write:  {:.2} on the calling thread, {:.2} on all threads",
         writes.this_thread, writes.all_threads
+    );
+    println!(
+        "  batched write:     {:.2} on the calling thread, {:.2} on all threads",
+        batched_writes.this_thread, batched_writes.all_threads
     );
     println!(
         "  write + flush:     {:.2} on the calling thread, {:.2} on all threads",
@@ -201,6 +229,18 @@ fn allocations_per_read_hit_and_per_write_back_write() {
         writes.all_threads <= MAX_WRITE_ALLOCS_ALL_THREADS,
         "write-back writes allocate: {:.2} per I/O on all threads (bound {})",
         writes.all_threads,
+        MAX_WRITE_ALLOCS_ALL_THREADS
+    );
+    assert!(
+        batched_writes.this_thread <= MAX_WRITE_ALLOCS_THIS_THREAD,
+        "batched write-back writes allocate: {:.2} per I/O on the calling thread (bound {})",
+        batched_writes.this_thread,
+        MAX_WRITE_ALLOCS_THIS_THREAD
+    );
+    assert!(
+        batched_writes.all_threads <= MAX_WRITE_ALLOCS_ALL_THREADS,
+        "batched write-back writes allocate: {:.2} per I/O on all threads (bound {})",
+        batched_writes.all_threads,
         MAX_WRITE_ALLOCS_ALL_THREADS
     );
     assert!(

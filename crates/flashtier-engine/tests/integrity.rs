@@ -380,6 +380,63 @@ fn a_batch_of_reads_never_serves_a_damaged_block() {
     c.close().unwrap();
 }
 
+/// The cleaner reads the scattered slots of a run together (`read_batch`, on a cache device that
+/// batches as a file with io_uring does): a damaged block among them is still never written
+/// back, and its neighbours in the run are.
+#[test]
+fn a_cleaning_pass_reading_in_batches_never_writes_back_a_damaged_block() {
+    let cdev = Arc::new(MemDev::new(CACHE).batching());
+    let bdev = Arc::new(MemDev::new(BACKING as usize));
+    format_cache(
+        &*cdev,
+        BACKING,
+        4 << 20,
+        Mode::WriteBack,
+        Default::default(),
+    )
+    .unwrap();
+    let c = open_default(&cdev, &bdev);
+    // Blocks 0..64 written one at a time in a shuffled order: consecutive on the backing store,
+    // scattered over the log.
+    let mut order: Vec<u64> = (0..64).collect();
+    let mut r = Rng::new(0xc1ea);
+    for i in (1..order.len()).rev() {
+        order.swap(i, r.below(i as u64 + 1) as usize);
+    }
+    for &lba in &order {
+        c.write_at(&block(lba), lba * BS, false).unwrap();
+    }
+    c.flush().unwrap();
+    let (_, data) = find_record(&cdev, 40);
+    flip(&cdev, data + 11);
+    let before = cdev.batches();
+    c.write_back_all().unwrap();
+    let (batches, reads) = cdev.batches();
+    assert!(
+        batches > before.0 && reads - before.1 >= 60,
+        "the pass read {} stretches in {} batches",
+        reads - before.1,
+        batches - before.0
+    );
+    for lba in 0..64 {
+        let mut back = vec![0u8; BS as usize];
+        bdev.read_at(&mut back, lba * BS).unwrap();
+        if lba == 40 {
+            assert!(
+                back == vec![0u8; BS as usize],
+                "the bad block was written back"
+            );
+        } else {
+            assert!(back == block(lba), "block {lba} was not written back");
+        }
+    }
+    let s = c.stats();
+    assert_eq!((s.checksum_errors, s.lost_blocks), (1, 1), "{s:?}");
+    assert_eq!(c.status().dirty_blocks, 0);
+    assert!(read_block(&c, 40).is_err());
+    c.close().unwrap();
+}
+
 /// The scrub finds damage before anyone reads it.
 #[test]
 fn the_scrub_finds_damaged_blocks() {

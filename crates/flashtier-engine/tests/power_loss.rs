@@ -6,7 +6,9 @@
 //! sector of a recovered image says exactly which write (or the initial content, or zeroes) it
 //! came from, and a torn sector is garbage. Writers mostly write in a private region (sequential
 //! per block), sometimes in a region shared by all of them; sizes run up to twice the atomic
-//! size; some are FUA; they flush, trim, write zeroes, read back their private blocks (checked)
+//! size; some are FUA; a quarter of the others go in a batch with 1 to 4 more writes
+//! (`write_batch`, as the NBD server batches pipelined WRITEs; the batch's writes do not overlap
+//! one another, and each is an op that started and ended with the batch); they flush, trim, write zeroes, read back their private blocks (checked)
 //! and call `write_back_all`. The workload writes ~10x the cache size, so reclaim (cleaning,
 //! eviction, copy-forward) and checkpoints run all the time. Some runs switch modes live from a
 //! controller thread (all four modes). Half the runs set a sequential write cutoff (4 to 64 KiB;
@@ -73,7 +75,7 @@ use flashtier_engine::internals::batch::{self, BatchHeader};
 use flashtier_engine::internals::checkpoint::Checkpoint;
 use flashtier_engine::Geometry;
 use flashtier_engine::{read_superblock, Cache, Damage, Mode, ReclaimPolicy, Superblock};
-use flashtier_io::{BlockDev, ZeroOpts};
+use flashtier_io::{BatchWrite, BlockDev, ZeroOpts};
 use flashtier_testkit::{CrashDev, CrashPolicy};
 
 const BACKING: u64 = 4 << 20;
@@ -793,27 +795,90 @@ fn run(cfg: &Cfg) -> Result<Outcome, String> {
                     end: 0,
                     ok: true,
                 };
+                // Writes batched with this one (`write_batch`, as the NBD server batches
+                // pipelined WRITEs): each its own op, all started and ended together.
+                let mut batched: Vec<(OpRec, Vec<u8>)> = Vec::new();
                 let result = if roll < 72 {
                     rec.fua = r.chance(0.12);
-                    let mut buf = vec![0u8; (n * BS) as usize];
-                    let mut b = 0;
-                    while b < n {
-                        let k = atomic_blocks.min(n - b);
-                        let u = next_unit.fetch_add(1, Ordering::SeqCst);
-                        stamp_blocks(
-                            u,
-                            lba + b,
-                            k,
-                            &mut buf[(b * BS) as usize..((b + k) * BS) as usize],
-                        );
-                        rec.units.push((u, lba + b, k));
-                        b += k;
+                    let extra = if rec.fua || !r.chance(0.25) {
+                        0
+                    } else {
+                        r.range(1, 4)
+                    };
+                    for _ in 0..extra {
+                        // At most the atomic size, which a cache takes into a batch.
+                        let n = r.range(1, atomic_blocks.min(span));
+                        let lba = base + r.below(span - n + 1);
+                        // Writes of one batch may land in either order: none overlaps another,
+                        // so that what this thread reads back of its blocks is known.
+                        let overlaps = std::iter::once((rec.lba, rec.n))
+                            .chain(batched.iter().map(|(b, _)| (b.lba, b.n)))
+                            .any(|(l, k)| lba < l + k && l < lba + n);
+                        if overlaps {
+                            continue;
+                        }
+                        let rec = OpRec {
+                            lba,
+                            n,
+                            units: Vec::new(),
+                            ..rec.clone()
+                        };
+                        batched.push((rec, Vec::new()));
+                    }
+                    let mut buf = Vec::new();
+                    for (rec, buf) in std::iter::once((&mut rec, &mut buf))
+                        .chain(batched.iter_mut().map(|(rec, buf)| (rec, buf)))
+                    {
+                        let (lba, n) = (rec.lba, rec.n);
+                        *buf = vec![0u8; (n * BS) as usize];
+                        let mut b = 0;
+                        while b < n {
+                            let k = atomic_blocks.min(n - b);
+                            let u = next_unit.fetch_add(1, Ordering::SeqCst);
+                            stamp_blocks(
+                                u,
+                                lba + b,
+                                k,
+                                &mut buf[(b * BS) as usize..((b + k) * BS) as usize],
+                            );
+                            rec.units.push((u, lba + b, k));
+                            b += k;
+                        }
                     }
                     rec.start = shared.tick();
-                    let res = cache.write_at(&buf, lba * BS, rec.fua);
+                    let res = if batched.is_empty() {
+                        cache.write_at(&buf, lba * BS, rec.fua)
+                    } else {
+                        let bufs = std::iter::once((lba, &buf))
+                            .chain(batched.iter().map(|(rec, buf)| (rec.lba, buf)));
+                        let mut writes: Vec<BatchWrite<'_>> = bufs
+                            .map(|(lba, buf)| BatchWrite::new(buf, lba * BS))
+                            .collect();
+                        cache.write_batch(&mut writes);
+                        let mut results = writes
+                            .into_iter()
+                            .map(|w| match w.result {
+                                Some(result) => result,
+                                None => cache.write_at(w.buf, w.offset, false),
+                            })
+                            .collect::<Vec<_>>()
+                            .into_iter();
+                        let mut first = results.next().expect("the first write");
+                        for ((rec, _), result) in batched.iter_mut().zip(results) {
+                            rec.ok = result.is_ok();
+                            // Reported (and the thread stopped) as the first write's failure.
+                            if first.is_ok() {
+                                first = result;
+                            }
+                        }
+                        first
+                    };
                     last_end = lba + n;
+                    let units = std::iter::once(&rec)
+                        .chain(batched.iter().map(|(rec, _)| rec))
+                        .flat_map(|rec| &rec.units);
                     if !in_shared {
-                        for (u, f, k) in &rec.units {
+                        for (u, f, k) in units {
                             for x in *f..f + k {
                                 mine.insert(x, V::Unit(*u));
                                 trimmed.remove(&x);
@@ -892,6 +957,10 @@ fn run(cfg: &Cfg) -> Result<Outcome, String> {
                 };
                 rec.end = shared.tick();
                 rec.ok = result.is_ok();
+                for (mut b, _) in batched {
+                    (b.start, b.end) = (rec.start, rec.end);
+                    ops.lock().unwrap().push(b);
+                }
                 if let Err(e) = result {
                     errors.lock().unwrap().push(format!(
                         "thread {th}: {:?} failed: {e} ({:?})",

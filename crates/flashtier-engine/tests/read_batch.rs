@@ -5,54 +5,12 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use common::{format_small, open, pattern, Rng, BS};
 use flashtier_engine::Mode;
-use flashtier_io::{BatchRead, BlockDev, DevInfo, ZeroOpts};
+use flashtier_io::{BatchRead, BlockDev};
 use flashtier_testkit::MemDev;
-
-/// A memory device that serves whole batches (as a file with io_uring does), counting them.
-struct Batching {
-    inner: MemDev,
-    batches: AtomicU64,
-    batched_reads: AtomicU64,
-}
-
-impl BlockDev for Batching {
-    fn info(&self) -> &DevInfo {
-        self.inner.info()
-    }
-    fn describe(&self) -> String {
-        "batching memory".into()
-    }
-    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
-        self.inner.read_at(buf, offset)
-    }
-    fn read_batch_max(&self) -> usize {
-        32
-    }
-    fn read_batch(&self, reads: &mut [BatchRead<'_>], _leave: &mut dyn FnMut(&[usize])) {
-        self.batches.fetch_add(1, Ordering::Relaxed);
-        for r in reads {
-            self.batched_reads.fetch_add(1, Ordering::Relaxed);
-            r.result = Some(self.inner.read_at(r.buf, r.offset));
-        }
-    }
-    fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> std::io::Result<()> {
-        self.inner.write_at(buf, offset, fua)
-    }
-    fn flush(&self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
-    fn trim(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.inner.trim(offset, len)
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, opts: ZeroOpts) -> std::io::Result<()> {
-        self.inner.write_zeroes(offset, len, opts)
-    }
-}
 
 /// `read_batch`, checking that the reads named to `leave` are exactly those left, each once.
 fn batch(c: &flashtier_engine::Cache, reads: &mut [BatchRead<'_>]) {
@@ -109,11 +67,7 @@ fn expected(offset: u64, len: usize) -> Vec<u8> {
 
 #[test]
 fn a_batch_serves_its_whole_hits_and_leaves_the_rest_untouched() {
-    let dev = Arc::new(Batching {
-        inner: MemDev::new(CACHE),
-        batches: AtomicU64::new(0),
-        batched_reads: AtomicU64::new(0),
-    });
+    let dev = Arc::new(MemDev::new(CACHE).batching());
     let c = setup(dev.clone());
     assert_eq!(c.read_batch_max(), 32);
     // (offset, len, served): hits, a miss, a read half cached, an unaligned hit.
@@ -165,8 +119,7 @@ fn a_batch_serves_its_whole_hits_and_leaves_the_rest_untouched() {
     assert_eq!(after.read_miss_blocks, before.read_miss_blocks);
     assert_eq!(after.backing_reads, before.backing_reads);
     // One batch of the three hits on the cache device.
-    assert_eq!(dev.batches.load(Ordering::Relaxed), 1);
-    assert_eq!(dev.batched_reads.load(Ordering::Relaxed), 3);
+    assert_eq!(dev.batches(), (1, 3));
     // The left reads, read as the caller would: right data (or refused), counted then.
     for (buf, &(offset, len, s)) in bufs.iter_mut().zip(&cases) {
         if !s && offset < BACKING {
@@ -190,16 +143,8 @@ fn a_batch_serves_its_whole_hits_and_leaves_the_rest_untouched() {
 #[test]
 fn batches_return_what_read_at_returns() {
     for batching in [true, false] {
-        let inner = MemDev::new(CACHE);
-        let dev: Arc<dyn BlockDev> = if batching {
-            Arc::new(Batching {
-                inner,
-                batches: AtomicU64::new(0),
-                batched_reads: AtomicU64::new(0),
-            })
-        } else {
-            Arc::new(inner)
-        };
+        let dev = MemDev::new(CACHE);
+        let dev: Arc<dyn BlockDev> = Arc::new(if batching { dev.batching() } else { dev });
         let c = setup(dev);
         let mut rng = Rng::new(0xba7c4 + batching as u64);
         let (mut served, mut left) = (0, 0);

@@ -99,6 +99,28 @@ impl<'a> BatchRead<'a> {
     }
 }
 
+/// One write of a [`BlockDev::write_batch`].
+#[derive(Debug)]
+pub struct BatchWrite<'a> {
+    /// Written at `offset`.
+    pub buf: &'a [u8],
+    /// Where the write starts on the device.
+    pub offset: u64,
+    /// Set by the device when it wrote this one; `None`: left to the caller.
+    pub result: Option<io::Result<()>>,
+}
+
+impl<'a> BatchWrite<'a> {
+    /// A write of `buf` at `offset`, not done yet.
+    pub fn new(buf: &'a [u8], offset: u64) -> Self {
+        BatchWrite {
+            buf,
+            offset,
+            result: None,
+        }
+    }
+}
+
 /// A block device: a fixed-size array of bytes with durable writes on demand.
 ///
 /// Implementations must be safe to call from many threads at once; overlapping concurrent writes
@@ -139,6 +161,24 @@ pub trait BlockDev: Send + Sync {
 
     /// Writes all of `buf` at `offset`. With `fua`, the data is durable when this returns.
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()>;
+
+    /// Most writes [`BlockDev::write_batch`] takes together to advantage (a cache that appends
+    /// them to its log as one batch and waits once); 1, the default: it does not, and a caller
+    /// holding several writes should call `write_at` for each.
+    fn write_batch_max(&self) -> usize {
+        1
+    }
+
+    /// Writes the batch's writes together (none with FUA: each is done as `write_at(.., false)`
+    /// would do it), as many as it can: each one written gets its `result`, the others are left
+    /// `None` for the caller to write with `write_at` (the default writes none). A device takes
+    /// only writes that cost the others nothing to wait for (a cache: whole blocks it logs;
+    /// not one that reads what surrounds it, or writes to a slower store), so the caller should
+    /// offer small writes aligned to `info().min_block`. Overlapping writes of one batch land
+    /// in either order, as concurrent `write_at`s may.
+    fn write_batch(&self, writes: &mut [BatchWrite<'_>]) {
+        let _ = writes;
+    }
 
     /// Writes the concatenation of `bufs` at `offset`, as one request where the device can (a
     /// log writer hands over a header and the data of many records without copying them

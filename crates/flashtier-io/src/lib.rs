@@ -53,7 +53,8 @@ pub mod versions;
 pub use alloc::{allocate_existing, allocated_bytes, create_allocated_file};
 pub use buf::{is_aligned, AlignedBuf};
 pub use dev::{
-    check_range, read_runs, write_zero_buffers, BatchRead, BlockDev, DevInfo, Extent, ZeroOpts,
+    check_range, read_runs, write_zero_buffers, BatchRead, BatchWrite, BlockDev, DevInfo, Extent,
+    ZeroOpts,
 };
 pub use file::{create_sparse_file, FileDev, FileOptions};
 pub use pool::{BufPool, PooledBuf};

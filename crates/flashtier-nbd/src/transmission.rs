@@ -33,7 +33,9 @@
 //! Small READs already buffered behind a READ are read with it, served by the device together and
 //! answered with one write (`batch`); what the device leaves of them (cache misses) goes to the
 //! connection's *pending* queue, which threads take before the seat, so a miss never waits behind
-//! the batch's hits or the socket.
+//! the batch's hits or the socket. Small WRITEs whole in the buffer behind a WRITE are taken the
+//! same way, for a device that logs them together (a write-back cache), and acknowledged with one
+//! write; what it leaves, this thread writes after.
 //!
 //! Idleness is noticed by the thread that would read the next request: with more than one thread
 //! and nothing buffered, it waits for the socket to be readable with a timeout before reading;
@@ -64,7 +66,7 @@ use std::time::{Duration, Instant};
 use flashtier_io::{AlignedBuf, BlockDev, Extent, ZeroOpts};
 
 mod batch;
-use batch::ReadBatch;
+use batch::Batch;
 
 use crate::errmap::nbd_error;
 use crate::export::Export;
@@ -268,7 +270,7 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
     fn worker<'scope>(&'scope self, scope: &'scope Scope<'scope, '_>, extra: bool) {
         let mut buf = AlignedBuf::new();
         let mut extents = Vec::new();
-        let mut batch = ReadBatch::new();
+        let mut batch = Batch::new();
         // The serial turn this thread holds the seat for, if any (see `next_request`).
         let mut serial = None;
         loop {
@@ -281,6 +283,8 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
             self.grow(scope);
             let answered = if batch.is_empty() {
                 self.answer(&req, &mut buf, &mut extents, serial)
+            } else if batch.is_writes() {
+                self.serve_write_batch(req, &mut buf, &mut batch)
             } else {
                 self.serve_batch(req, &mut buf, &mut batch, &mut extents, scope)
             };
@@ -550,7 +554,7 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
         &self,
         serial: &mut Option<u64>,
         buf: &mut AlignedBuf,
-        batch: &mut ReadBatch,
+        batch: &mut Batch,
         extra: bool,
     ) -> Next {
         batch.clear();
@@ -619,8 +623,10 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
                     self.shrink.store(false, Ordering::Release);
                 }
                 self.params.conn.request_read();
-                if req.hdr.cmd == cmd::READ {
-                    self.read_more(&mut inbound, batch);
+                match req.hdr.cmd {
+                    cmd::READ => self.read_more(&mut inbound, batch),
+                    cmd::WRITE => self.write_more(&req.hdr, &mut inbound, batch),
+                    _ => {}
                 }
                 let alone = inbound.buffer().is_empty() && self.params.conn.in_flight() == 1;
                 drop(inbound);
@@ -1039,8 +1045,8 @@ mod tests {
         });
     }
 
-    /// A device that serves the batch reads of even blocks and leaves those of odd blocks;
-    /// a `read_at` of block `gated` waits until the test opens the gate.
+    /// A device that serves the batch reads and writes of even blocks and leaves those of odd
+    /// blocks; a `read_at` of block `gated` waits until the test opens the gate.
     struct HalfBatching {
         inner: flashtier_testkit::MemDev,
         gated: u64,
@@ -1048,6 +1054,23 @@ mod tests {
         opened: parking_lot::Condvar,
         batches: AtomicUsize,
         served: AtomicUsize,
+        write_batches: AtomicUsize,
+        written: AtomicUsize,
+    }
+
+    impl HalfBatching {
+        fn new(gated: u64) -> HalfBatching {
+            HalfBatching {
+                inner: flashtier_testkit::MemDev::new(TEST_SIZE as usize),
+                gated,
+                open: parking_lot::Mutex::new(gated == u64::MAX),
+                opened: parking_lot::Condvar::new(),
+                batches: AtomicUsize::new(0),
+                served: AtomicUsize::new(0),
+                write_batches: AtomicUsize::new(0),
+                written: AtomicUsize::new(0),
+            }
+        }
     }
 
     impl BlockDev for HalfBatching {
@@ -1090,6 +1113,18 @@ mod tests {
         fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
             self.inner.write_at(buf, offset, fua)
         }
+        fn write_batch_max(&self) -> usize {
+            32
+        }
+        fn write_batch(&self, writes: &mut [flashtier_io::BatchWrite<'_>]) {
+            self.write_batches.fetch_add(1, Ordering::Relaxed);
+            for w in writes.iter_mut() {
+                if (w.offset / 4096).is_multiple_of(2) {
+                    self.written.fetch_add(1, Ordering::Relaxed);
+                    w.result = Some(self.inner.write_at(w.buf, w.offset, false));
+                }
+            }
+        }
         fn flush(&self) -> io::Result<()> {
             Ok(())
         }
@@ -1107,14 +1142,7 @@ mod tests {
     #[test]
     fn pipelined_reads_are_batched_and_a_left_read_holds_up_no_other() {
         const READS: u64 = 32;
-        let dev = std::sync::Arc::new(HalfBatching {
-            inner: flashtier_testkit::MemDev::new(TEST_SIZE as usize),
-            gated: 1,
-            open: parking_lot::Mutex::new(false),
-            opened: parking_lot::Condvar::new(),
-            batches: AtomicUsize::new(0),
-            served: AtomicUsize::new(0),
-        });
+        let dev = std::sync::Arc::new(HalfBatching::new(1));
         let block = |b: u64| vec![(b % 251) as u8 + 1; 4096];
         for b in 0..READS {
             dev.write_at(&block(b), b * 4096, false).unwrap();
@@ -1176,6 +1204,68 @@ mod tests {
         );
     }
 
+    /// Pipelined WRITEs are taken in batches: those the device wrote and those it left (written
+    /// by the batch's thread) are all acknowledged once and land; one out of range gets
+    /// `ENOSPC`; a FUA, an unaligned and a large one end a batch and are written one by one.
+    #[test]
+    fn pipelined_writes_are_batched_and_each_lands_once() {
+        const WRITES: u64 = 48;
+        let dev = std::sync::Arc::new(HalfBatching::new(u64::MAX));
+        let block = |b: u64| vec![(b % 251) as u8 + 1; 4096];
+        // (handle, offset, data, flags)
+        let mut sent: Vec<(u64, u64, Vec<u8>, u16)> =
+            (0..WRITES).map(|h| (h, h * 4096, block(h), 0)).collect();
+        sent.push((WRITES, TEST_SIZE, block(0), 0));
+        sent.insert(10, (WRITES + 1, 100 * 4096, block(100), cmd_flag::FUA));
+        sent.insert(20, (WRITES + 2, 101 * 4096 + 512, vec![7u8; 1024], 0));
+        sent.insert(30, (WRITES + 3, 110 * 4096, vec![9u8; 64 << 10], 0));
+        let stream: Vec<u8> = sent
+            .iter()
+            .flat_map(|(handle, offset, data, flags)| {
+                let mut req = RequestHeader {
+                    flags: *flags,
+                    cmd: cmd::WRITE,
+                    handle: *handle,
+                    offset: *offset,
+                    length: data.len() as u32,
+                }
+                .encode()
+                .to_vec();
+                req.extend_from_slice(data);
+                req
+            })
+            .collect();
+        with_connection(dev.clone(), |client| {
+            client.write_all(&stream).unwrap();
+            let mut answered = std::collections::BTreeSet::new();
+            for _ in 0..sent.len() {
+                let mut head = [0u8; 16];
+                client.read_exact(&mut head).unwrap();
+                let error = u32::from_be_bytes(head[4..8].try_into().unwrap());
+                let handle = u64::from_be_bytes(head[8..16].try_into().unwrap());
+                let want = if handle == WRITES { errno::ENOSPC } else { 0 };
+                assert_eq!(error, want, "WRITE {handle}");
+                assert!(answered.insert(handle), "WRITE {handle} answered twice");
+            }
+        });
+        for (handle, offset, data, _) in &sent {
+            if *handle == WRITES {
+                continue;
+            }
+            let mut got = vec![0u8; data.len()];
+            dev.inner.read_at(&mut got, *offset).unwrap();
+            assert!(got == *data, "WRITE {handle} at {offset} did not land");
+        }
+        let (batches, written) = (
+            dev.write_batches.load(Ordering::Relaxed),
+            dev.written.load(Ordering::Relaxed),
+        );
+        assert!(
+            written > 1 && batches < written,
+            "{written} writes done in {batches} batches"
+        );
+    }
+
     proptest::proptest! {
         // Few shrinking steps: a failing case may wait out the client's 5 s read timeout.
         #![proptest_config(proptest::prelude::ProptestConfig {
@@ -1184,10 +1274,11 @@ mod tests {
             ..Default::default()
         })]
 
-        /// Any stream of READs (aligned or not, small or past the batch limit, in range or not,
-        /// with a FLUSH or an unknown command here and there to end batches), served by a device
-        /// that batches half its reads and leaves the rest: every request gets exactly one reply,
-        /// a READ in range its data, one out of range `EINVAL`, an unknown command `EINVAL`.
+        /// Any stream of READs and WRITEs (aligned or not, small or past the batch limit, in
+        /// range or not, with a FLUSH or an unknown command here and there to end batches),
+        /// served by a device that batches half its reads and writes and leaves the rest: every
+        /// request gets exactly one reply, a READ in range its data, one out of range `EINVAL`,
+        /// a WRITE in range success, one out of range `ENOSPC`, an unknown command `EINVAL`.
         #[test]
         fn every_pipelined_request_gets_its_one_right_reply(
             reqs in proptest::collection::vec(
@@ -1196,14 +1287,7 @@ mod tests {
             ),
             structured in proptest::bool::ANY,
         ) {
-            let dev = std::sync::Arc::new(HalfBatching {
-                inner: flashtier_testkit::MemDev::new(TEST_SIZE as usize),
-                gated: u64::MAX,
-                open: parking_lot::Mutex::new(true),
-                opened: parking_lot::Condvar::new(),
-                batches: AtomicUsize::new(0),
-                served: AtomicUsize::new(0),
-            });
+            let dev = std::sync::Arc::new(HalfBatching::new(u64::MAX));
             let content: Vec<u8> = (0..TEST_SIZE).map(|i| (i / 512 % 251) as u8).collect();
             dev.write_at(&content, 0, false).unwrap();
             // (handle, command, offset, length) as sent.
@@ -1214,20 +1298,35 @@ mod tests {
                     let cmd = match kind {
                         0 => cmd::FLUSH,
                         1 => 0x7f, // unknown
+                        2..=7 => cmd::WRITE,
                         _ => cmd::READ,
                     };
                     let (offset, length) = match cmd {
-                        cmd::READ if kind % 3 == 0 => (offset, length), // unaligned
-                        cmd::READ => (offset / 512 * 512, length.div_ceil(512) * 512),
+                        cmd::READ | cmd::WRITE if kind % 3 == 0 => (offset, length), // unaligned
+                        cmd::READ | cmd::WRITE => {
+                            (offset / 512 * 512, length.div_ceil(512) * 512)
+                        }
                         _ => (0, 0),
                     };
                     (h as u64, cmd, offset, length)
                 })
                 .collect();
+            // A WRITE writes what is there already, so every READ's data is known whatever order
+            // the requests run in; out of range, zeroes.
             let stream: Vec<u8> = sent
                 .iter()
                 .flat_map(|&(handle, cmd, offset, length)| {
-                    RequestHeader { flags: 0, cmd, handle, offset, length }.encode()
+                    let mut req = RequestHeader { flags: 0, cmd, handle, offset, length }
+                        .encode()
+                        .to_vec();
+                    if cmd == cmd::WRITE {
+                        let (from, to) = (offset as usize, offset as usize + length as usize);
+                        match content.get(from..to) {
+                            Some(data) => req.extend_from_slice(data),
+                            None => req.resize(req.len() + length as usize, 0),
+                        }
+                    }
+                    req
                 })
                 .collect();
             with_session(dev.clone(), structured, |client| {
@@ -1254,6 +1353,8 @@ mod tests {
                             assert!(data == want, "data of READ {handle} at {offset}+{length}");
                         }
                         cmd::READ | 0x7f => assert_eq!(error, errno::EINVAL, "request {handle}"),
+                        cmd::WRITE if in_range => assert_eq!(error, 0, "WRITE {handle}"),
+                        cmd::WRITE => assert_eq!(error, errno::ENOSPC, "WRITE {handle}"),
                         _ => assert_eq!(error, 0, "FLUSH {handle}"),
                     }
                 }

@@ -1,16 +1,24 @@
 //! A device in RAM: for tests, fuzzing and examples, where a file would only add noise.
 
 use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::RwLock;
 
-use flashtier_io::{check_range, BlockDev, DevInfo, Extent, ZeroOpts};
+use flashtier_io::{check_range, BatchRead, BlockDev, DevInfo, Extent, ZeroOpts};
 
 /// A zero-filled device held in a `Vec`, trimming and zeroing quickly; writes are durable on
 /// return (flush does nothing).
 pub struct MemDev {
     info: DevInfo,
     data: RwLock<Vec<u8>>,
+    /// Serves `read_batch` (see [`MemDev::batching`]).
+    batching: AtomicBool,
+    batches: AtomicU64,
+    batched_reads: AtomicU64,
 }
+
+/// Most reads a batching [`MemDev`] serves in one `read_batch`, as a file's io_uring ring.
+const MEM_READ_BATCH: usize = 32;
 
 impl MemDev {
     /// A device of `size` bytes, all zero.
@@ -22,7 +30,25 @@ impl MemDev {
                 ..DevInfo::basic(size as u64)
             },
             data: RwLock::new(vec![0; size]),
+            batching: AtomicBool::new(false),
+            batches: AtomicU64::new(0),
+            batched_reads: AtomicU64::new(0),
         }
+    }
+
+    /// The same device serving whole batches of reads (`read_batch`, up to [`MEM_READ_BATCH`]),
+    /// as a file with io_uring does, so that callers take their batched paths; it counts them.
+    pub fn batching(self) -> MemDev {
+        self.batching.store(true, Ordering::Relaxed);
+        self
+    }
+
+    /// The `read_batch` calls served so far, and the reads in them.
+    pub fn batches(&self) -> (u64, u64) {
+        (
+            self.batches.load(Ordering::Relaxed),
+            self.batched_reads.load(Ordering::Relaxed),
+        )
     }
 
     /// The same device refusing writes (`EPERM`), as a read-only export or disk would.
@@ -66,6 +92,26 @@ impl BlockDev for MemDev {
         let data = self.data.read().unwrap_or_else(|e| e.into_inner());
         buf.copy_from_slice(&data[offset as usize..offset as usize + buf.len()]);
         Ok(())
+    }
+
+    fn read_batch_max(&self) -> usize {
+        if self.batching.load(Ordering::Relaxed) {
+            MEM_READ_BATCH
+        } else {
+            1
+        }
+    }
+
+    fn read_batch(&self, reads: &mut [BatchRead<'_>], leave: &mut dyn FnMut(&[usize])) {
+        if !self.batching.load(Ordering::Relaxed) {
+            (0..reads.len()).for_each(|i| leave(&[i]));
+            return;
+        }
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        for r in reads {
+            self.batched_reads.fetch_add(1, Ordering::Relaxed);
+            r.result = Some(self.read_at(r.buf, r.offset));
+        }
     }
 
     fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> io::Result<()> {

@@ -36,6 +36,7 @@ mod scrub;
 mod write;
 mod write_around;
 mod write_back;
+mod write_batch;
 mod write_through;
 mod zero_trim;
 
@@ -47,7 +48,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use flashtier_io::{check_range, AlignedBuf, BatchRead, BlockDev, DevInfo, Extent, ZeroOpts};
+use flashtier_io::{
+    check_range, AlignedBuf, BatchRead, BatchWrite, BlockDev, DevInfo, Extent, ZeroOpts,
+};
 
 use crate::cleaner;
 use crate::engine::{self, Engine, OpenReport};
@@ -493,6 +496,19 @@ impl BlockDev for Cache {
         check_range(self.info.size, offset, buf.len() as u64, true)?;
         let past_cutoff = self.past_write_cutoff(offset, buf.len() as u64);
         self.write(buf, offset, fua, past_cutoff)
+    }
+
+    fn write_batch_max(&self) -> usize {
+        self.write_batch_limit()
+    }
+
+    fn write_batch(&self, writes: &mut [BatchWrite<'_>]) {
+        for w in writes.iter_mut() {
+            if let Err(e) = check_range(self.info.size, w.offset, w.buf.len() as u64, true) {
+                w.result = Some(Err(e));
+            }
+        }
+        self.write_batch_back(writes)
     }
 
     fn flush(&self) -> io::Result<()> {

@@ -12,14 +12,23 @@
 //! the seat (or spawned for them). Handed over after the batch instead, misses on a backing
 //! store in RAM waited for the hits' device reads (0.7–0.8× the unbatched server's reads/s).
 //!
-//! The batch's data lives in one buffer per thread, [`SPACE`] bytes, each read in a 4 KiB-aligned
+//! Small WRITEs whole in the buffer behind a WRITE are taken the same way (`BlockDev::write_batch`:
+//! for a cache, write-back writes logged in one group, the thread waiting once for all of them),
+//! when the first one could be batched too: no FUA, at most [`MAX_BATCHED`] bytes, aligned to the
+//! device's block. Their payloads are copied out of the buffer into the batch's space. A write
+//! the device leaves (rare: a cache takes every such write in write-back mode, unless a
+//! read-modify-write holds its block or the mode changed meanwhile) is written by this thread
+//! after the batch's replies are sent: its payload is here, and it is not one that waits for a
+//! slow store.
+//!
+//! The batch's data lives in one buffer per thread, [`SPACE`] bytes, each request in a 4 KiB-aligned
 //! part of it (O_DIRECT reads land straight in it), so what a thread keeps between requests grows
 //! by that much and no more.
 
 use std::io::{BufRead, IoSlice, Read, Write};
 use std::thread::Scope;
 
-use flashtier_io::{AlignedBuf, BatchRead};
+use flashtier_io::{AlignedBuf, BatchRead, BatchWrite};
 use smallvec::SmallVec;
 
 use crate::wire::{self, cmd, RequestHeader};
@@ -32,15 +41,18 @@ use super::{data_reply_header, device_failure, Done, Failure, Request, Shared};
 /// batches of up to 32 (the client and the server fell into lockstep, a few big batches at a
 /// time) and 0.94–1.04× in batches of up to 8 (bench/results/read_batch/).
 const MAX_BATCH: usize = 8;
-/// Largest READ taken into a batch after the first (InnoDB's 16 KiB pages, 4 KiB blocks).
-const MAX_BATCHED_READ: usize = 16 << 10;
-/// Where a batch's reads after the first land: room for all of them at their largest.
-pub(super) const SPACE: usize = (MAX_BATCH - 1) * MAX_BATCHED_READ;
+/// Largest request taken into a batch after the first, and largest first WRITE of a batch
+/// (InnoDB's 16 KiB pages, 4 KiB blocks).
+const MAX_BATCHED: usize = 16 << 10;
+/// Where a batch's data after the first request's lands: room for all of it at its largest.
+pub(super) const SPACE: usize = (MAX_BATCH - 1) * MAX_BATCHED;
 /// Each read's part of [`SPACE`] starts on this boundary, as O_DIRECT needs.
 const ALIGN: usize = 4096;
 
-/// The reads taken with a connection's first READ, and where their data goes.
-pub(super) struct ReadBatch {
+/// The requests taken with a connection's first READ or WRITE, and where their data goes.
+pub(super) struct Batch {
+    /// WRITEs (else READs).
+    writes: bool,
     /// The requests after the first, in the order read.
     reqs: Vec<Request>,
     /// Where each of `reqs` starts in `space`.
@@ -49,9 +61,10 @@ pub(super) struct ReadBatch {
     space: AlignedBuf,
 }
 
-impl ReadBatch {
-    pub(super) fn new() -> ReadBatch {
-        ReadBatch {
+impl Batch {
+    pub(super) fn new() -> Batch {
+        Batch {
+            writes: false,
             reqs: Vec::new(),
             at: Vec::new(),
             space: AlignedBuf::new(),
@@ -66,7 +79,12 @@ impl ReadBatch {
         self.reqs.len()
     }
 
+    pub(super) fn is_writes(&self) -> bool {
+        self.writes
+    }
+
     pub(super) fn clear(&mut self) {
+        self.writes = false;
         self.reqs.clear();
         self.at.clear();
     }
@@ -95,7 +113,7 @@ enum Outcome {
 impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
     /// After a READ was read: takes the small READs whole in the buffer behind it, up to what
     /// the device serves together. Called with the inbound lock held, by the seat's holder.
-    pub(super) fn read_more(&self, inbound: &mut std::io::BufReader<R>, batch: &mut ReadBatch) {
+    pub(super) fn read_more(&self, inbound: &mut std::io::BufReader<R>, batch: &mut Batch) {
         if inbound.buffer().len() < RequestHeader::LEN {
             return;
         }
@@ -110,7 +128,7 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
                 break;
             };
             let len = hdr.length as usize;
-            if hdr.cmd != cmd::READ || len > MAX_BATCHED_READ {
+            if hdr.cmd != cmd::READ || len > MAX_BATCHED {
                 break;
             }
             let at = batch.used();
@@ -129,6 +147,150 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
         }
     }
 
+    /// After a WRITE (`first`) was read, its payload in the thread's buffer: if the device
+    /// batches writes and `first` could be batched, takes the small WRITEs whole in the buffer
+    /// behind it, up to what the device takes together, copying their payloads into the batch's
+    /// space. Called with the inbound lock held, by the seat's holder.
+    pub(super) fn write_more(
+        &self,
+        first: &RequestHeader,
+        inbound: &mut std::io::BufReader<R>,
+        batch: &mut Batch,
+    ) {
+        if inbound.buffer().len() < RequestHeader::LEN || !self.batchable_write(first) {
+            return;
+        }
+        let max = self.dev.write_batch_max().min(MAX_BATCH);
+        if max < 2 {
+            return;
+        }
+        if batch.space.len() < SPACE {
+            batch.space = AlignedBuf::zeroed(SPACE);
+        }
+        batch.writes = true;
+        while batch.len() + 1 < max {
+            let Some(raw) = inbound.buffer().get(..RequestHeader::LEN) else {
+                break;
+            };
+            let raw: &[u8; RequestHeader::LEN] = raw.try_into().expect("sliced to LEN");
+            let Some(hdr) = RequestHeader::decode(raw) else {
+                break;
+            };
+            let len = hdr.length as usize;
+            let whole = inbound.buffer().len() >= RequestHeader::LEN + len;
+            if !whole || !self.batchable_write(&hdr) {
+                break;
+            }
+            let at = batch.used();
+            if at + len.next_multiple_of(ALIGN) > SPACE {
+                break;
+            }
+            let payload = &inbound.buffer()[RequestHeader::LEN..RequestHeader::LEN + len];
+            batch.space[at..at + len].copy_from_slice(payload);
+            inbound.consume(RequestHeader::LEN + len);
+            self.params.conn.request_read();
+            batch.at.push(at);
+            batch.reqs.push(Request {
+                hdr,
+                payload_dropped: false,
+                cost: 0,
+            });
+        }
+    }
+
+    /// A WRITE the device may take into a batch: small, aligned to its block, without FUA or
+    /// any other flag, and with a payload that was kept (not too large).
+    fn batchable_write(&self, h: &RequestHeader) -> bool {
+        let block = u64::from(self.dev.info().min_block.max(1));
+        h.cmd == cmd::WRITE
+            && h.flags == 0
+            && h.length > 0
+            && h.length as usize <= MAX_BATCHED
+            && h.length <= self.params.max_payload
+            && h.offset.is_multiple_of(block)
+            && u64::from(h.length).is_multiple_of(block)
+    }
+
+    /// Writes `first` (its payload in `buf`) and the batch read with it: what the device takes
+    /// together is answered with one write, then this thread writes what it left, one by one.
+    /// False if a reply could not be sent (the connection is closed then).
+    pub(super) fn serve_write_batch(
+        &self,
+        first: Request,
+        buf: &mut AlignedBuf,
+        batch: &mut Batch,
+    ) -> bool {
+        let mut broken: Option<std::io::Error> = None;
+        {
+            let reqs: SmallVec<[&Request; MAX_BATCH]> =
+                std::iter::once(&first).chain(&batch.reqs).collect();
+            let mut writes: SmallVec<[BatchWrite<'_>; MAX_BATCH]> = SmallVec::new();
+            // Which request each write is.
+            let mut of: SmallVec<[usize; MAX_BATCH]> = SmallVec::new();
+            for (i, req) in reqs.iter().enumerate() {
+                if let Err((error, why)) = self.validate(req) {
+                    let refused = Err(Failure {
+                        error,
+                        message: format!("{} refused: {why}", cmd::name(req.hdr.cmd)),
+                    });
+                    self.send_or_break(&req.hdr, &refused, &mut broken);
+                    continue;
+                }
+                let data: &[u8] = if i == 0 {
+                    buf
+                } else {
+                    let at = batch.at[i - 1];
+                    &batch.space[at..at + req.hdr.length as usize]
+                };
+                of.push(i);
+                writes.push(BatchWrite::new(data, req.hdr.offset));
+            }
+            self.dev.write_batch(&mut writes);
+            let mut acks: SmallVec<[[u8; 16]; MAX_BATCH]> = SmallVec::new();
+            for (w, &i) in writes.iter().zip(&of) {
+                let h = &reqs[i].hdr;
+                match &w.result {
+                    Some(Ok(())) => acks.push(wire::simple_reply(0, h.handle)),
+                    Some(Err(e)) => self.send_or_break(h, &Err(device_failure(h, e)), &mut broken),
+                    None => {}
+                }
+            }
+            if !acks.is_empty() && broken.is_none() {
+                let mut parts: SmallVec<[IoSlice<'_>; MAX_BATCH]> =
+                    acks.iter().map(|a| IoSlice::new(a)).collect();
+                if let Err(e) = self
+                    .outbound
+                    .send(&mut parts, &|yes| self.params.conn.writing(yes))
+                {
+                    broken = Some(e);
+                }
+            }
+            // What the device left: written here, one by one.
+            for (w, &i) in writes.iter().zip(&of) {
+                if w.result.is_some() || broken.is_some() {
+                    continue;
+                }
+                let h = &reqs[i].hdr;
+                let result = self
+                    .dev
+                    .write_at(w.buf, w.offset, false)
+                    .map(|()| Done::Ack)
+                    .map_err(|e| device_failure(h, &e));
+                self.send_or_break(h, &result, &mut broken);
+            }
+        }
+        for req in std::iter::once(&first).chain(&batch.reqs) {
+            self.finished(req);
+        }
+        batch.clear();
+        if let Some(e) = broken {
+            tracing::debug!(error = %e, "cannot send reply; closing connection");
+            self.close();
+            return false;
+        }
+        true
+    }
+
     /// Serves `first` (its data into `buf`) and the batch read with it: the device serves what
     /// it can together and those are answered at once; the rest go to other threads (any the
     /// device left without naming them: all but one, this thread executing the last). False if a
@@ -137,7 +299,7 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
         &'scope self,
         first: Request,
         buf: &mut AlignedBuf,
-        batch: &mut ReadBatch,
+        batch: &mut Batch,
         extents: &mut Vec<(u32, u32)>,
         scope: &'scope Scope<'scope, '_>,
     ) -> bool {
