@@ -43,8 +43,14 @@ counters! {
     /// Read misses that waited for a write of their blocks to land on the backing store, which a
     /// read overlapping it could see half done.
     read_miss_waits,
+    /// Client read requests served in a batch of reads together (pipelined READs taken together
+    /// by the NBD server: `cache::read_batch`); counted in `reads` too.
+    batched_reads,
     /// Client write requests.
     writes,
+    /// Client write requests logged in a group with others (pipelined WRITEs taken together by
+    /// the NBD server: `cache::write_batch`); counted in `writes` too.
+    batched_writes,
     /// Blocks written by clients.
     write_blocks,
     /// Written blocks that replaced a cached version.

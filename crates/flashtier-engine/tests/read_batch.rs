@@ -115,6 +115,7 @@ fn a_batch_serves_its_whole_hits_and_leaves_the_rest_untouched() {
     }
     // Counted as reads, hits of 1 + 2 + 4 blocks; nothing of the reads left.
     assert_eq!(after.reads - before.reads, 3);
+    assert_eq!(after.batched_reads - before.batched_reads, 3);
     assert_eq!(after.read_hit_blocks - before.read_hit_blocks, 7);
     assert_eq!(after.read_miss_blocks, before.read_miss_blocks);
     assert_eq!(after.backing_reads, before.backing_reads);

@@ -97,6 +97,7 @@ fn a_batch_logs_its_plain_writes_together_and_leaves_the_rest_untouched() {
     }
     // Counted as two writes of 1 + 4 blocks, logged dirty in one batch of two records.
     assert_eq!(after.writes - before.writes, 2);
+    assert_eq!(after.batched_writes - before.batched_writes, 2);
     assert_eq!(after.write_blocks - before.write_blocks, 5);
     assert_eq!(after.batches - before.batches, 1);
     assert_eq!(after.records - before.records, 2);

@@ -117,6 +117,7 @@ impl Cache {
         for t in &mut taken {
             let r = &reads[t.at];
             Stats::add(&e.stats.reads, 1);
+            Stats::add(&e.stats.batched_reads, 1);
             // Planned as its own read would be (the stream observed once); a mode switched
             // meanwhile leaves it served from what is cached, as a read already past its lookup.
             t.promote = match self.plan_read(r.offset, r.buf.len() as u64, false) {

@@ -106,6 +106,7 @@ impl Cache {
         let mut results: SmallVec<[_; MAX_GROUP]> = SmallVec::new();
         e.log.append_group(records, &mut results);
         Stats::add(&e.stats.writes, taken.len() as u64);
+        Stats::add(&e.stats.batched_writes, taken.len() as u64);
         Stats::add(&e.stats.write_blocks, blocks);
         for ((at, _guard), result) in taken.into_iter().zip(results) {
             writes[at].result = Some(result.map(drop).map_err(io::Error::from));
