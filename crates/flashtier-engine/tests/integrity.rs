@@ -34,8 +34,13 @@ fn formatted() -> (Arc<MemDev>, Arc<MemDev>) {
 /// [`devices`], the cache formatted with 4 MiB segments in `mode`.
 fn formatted_in(mode: Mode) -> (Arc<MemDev>, Arc<MemDev>) {
     let (cdev, bdev) = devices();
-    format_cache(&*cdev, BACKING, 4 << 20, mode, Default::default()).unwrap();
+    format_4m(&*cdev, mode);
     (cdev, bdev)
+}
+
+/// Formats `dev` as a cache for the `BACKING` store, with 4 MiB segments in `mode`.
+fn format_4m(dev: &dyn BlockDev, mode: Mode) {
+    format_cache(dev, BACKING, 4 << 20, mode, Default::default()).unwrap();
 }
 
 /// A cache that took `n` writes (block i holds `block(i)`), each flushed, then crashed (no
@@ -387,14 +392,7 @@ fn a_batch_of_reads_never_serves_a_damaged_block() {
 fn a_cleaning_pass_reading_in_batches_never_writes_back_a_damaged_block() {
     let cdev = Arc::new(MemDev::new(CACHE).batching());
     let bdev = Arc::new(MemDev::new(BACKING as usize));
-    format_cache(
-        &*cdev,
-        BACKING,
-        4 << 20,
-        Mode::WriteBack,
-        Default::default(),
-    )
-    .unwrap();
+    format_4m(&*cdev, Mode::WriteBack);
     let c = open_default(&cdev, &bdev);
     // Blocks 0..64 written one at a time in a shuffled order: consecutive on the backing store,
     // scattered over the log.
@@ -660,14 +658,7 @@ fn a_failed_write_through_write_is_not_kept() {
     let cdev: Arc<dyn BlockDev> = Arc::new(MemDev::new(CACHE));
     let inner = Arc::new(MemDev::new(BACKING as usize));
     let bdev = Arc::new(FaultDev::new(inner.clone() as Arc<dyn BlockDev>));
-    format_cache(
-        &*cdev,
-        BACKING,
-        4 << 20,
-        Mode::WriteThrough,
-        Default::default(),
-    )
-    .unwrap();
+    format_4m(&*cdev, Mode::WriteThrough);
     let c = open(cdev, bdev.clone(), None).unwrap();
     c.write_at(&block(1), 5 * BS, false).unwrap();
     bdev.fail_next_write();
@@ -703,14 +694,7 @@ fn a_failed_cache_device_recovers_without_a_restart() {
     let inner = Arc::new(MemDev::new(CACHE));
     let cdev = Arc::new(FaultDev::new(inner.clone() as Arc<dyn BlockDev>));
     let bdev = Arc::new(MemDev::new(BACKING as usize));
-    format_cache(
-        &*cdev,
-        BACKING,
-        4 << 20,
-        Mode::WriteBack,
-        Default::default(),
-    )
-    .unwrap();
+    format_4m(&*cdev, Mode::WriteBack);
     let c = open(cdev.clone(), bdev.clone(), None).unwrap();
     for i in 0..8 {
         c.write_at(&block(i), i * BS, false).unwrap();
@@ -751,14 +735,7 @@ fn blocks_a_failed_sync_lost_are_found_before_the_log_goes_on() {
     let inner = Arc::new(MemDev::new(CACHE));
     let cdev = Arc::new(FaultDev::new(inner.clone() as Arc<dyn BlockDev>));
     let bdev = Arc::new(MemDev::new(BACKING as usize));
-    format_cache(
-        &*cdev,
-        BACKING,
-        4 << 20,
-        Mode::WriteBack,
-        Default::default(),
-    )
-    .unwrap();
+    format_4m(&*cdev, Mode::WriteBack);
     let c = open(cdev.clone(), bdev.clone(), None).unwrap();
     c.set_param("writeback_controller", "off").unwrap();
     c.write_at(&block(1), BS, false).unwrap();

@@ -118,33 +118,26 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
             return;
         }
         let max = self.dev.read_batch_max().min(MAX_BATCH);
+        let small_read = |h: &RequestHeader| h.cmd == cmd::READ && h.length as usize <= MAX_BATCHED;
         while batch.len() + 1 < max {
-            let Some(raw) = inbound.buffer().get(..RequestHeader::LEN) else {
+            let Some((hdr, at)) = next_buffered(inbound, batch, small_read) else {
                 break;
             };
-            let raw: &[u8; RequestHeader::LEN] = raw.try_into().expect("sliced to LEN");
-            let Some(hdr) = RequestHeader::decode(raw) else {
-                // Out of sync: the next `read_header` reports it.
-                break;
-            };
-            let len = hdr.length as usize;
-            if hdr.cmd != cmd::READ || len > MAX_BATCHED {
-                break;
-            }
-            let at = batch.used();
-            if at + len.next_multiple_of(ALIGN) > SPACE {
-                break;
-            }
             inbound.consume(RequestHeader::LEN);
-            self.params.conn.request_read();
-            batch.at.push(at);
-            // Within the buffer each thread keeps: not charged to the budgets (`request_cost`).
-            batch.reqs.push(Request {
-                hdr,
-                payload_dropped: false,
-                cost: 0,
-            });
+            self.take_into(batch, hdr, at);
         }
+    }
+
+    /// Adds `hdr`, consumed from the buffer, to the batch, its data at `at` of the space.
+    fn take_into(&self, batch: &mut Batch, hdr: RequestHeader, at: usize) {
+        self.params.conn.request_read();
+        batch.at.push(at);
+        // Within the buffer each thread keeps: not charged to the budgets (`request_cost`).
+        batch.reqs.push(Request {
+            hdr,
+            payload_dropped: false,
+            cost: 0,
+        });
     }
 
     /// After a WRITE (`first`) was read, its payload in the thread's buffer: if the device
@@ -169,32 +162,18 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
         }
         batch.writes = true;
         while batch.len() + 1 < max {
-            let Some(raw) = inbound.buffer().get(..RequestHeader::LEN) else {
-                break;
+            let buffered = inbound.buffer().len();
+            let whole_write = |h: &RequestHeader| {
+                self.batchable_write(h) && buffered >= RequestHeader::LEN + h.length as usize
             };
-            let raw: &[u8; RequestHeader::LEN] = raw.try_into().expect("sliced to LEN");
-            let Some(hdr) = RequestHeader::decode(raw) else {
+            let Some((hdr, at)) = next_buffered(inbound, batch, whole_write) else {
                 break;
             };
             let len = hdr.length as usize;
-            let whole = inbound.buffer().len() >= RequestHeader::LEN + len;
-            if !whole || !self.batchable_write(&hdr) {
-                break;
-            }
-            let at = batch.used();
-            if at + len.next_multiple_of(ALIGN) > SPACE {
-                break;
-            }
             let payload = &inbound.buffer()[RequestHeader::LEN..RequestHeader::LEN + len];
             batch.space[at..at + len].copy_from_slice(payload);
             inbound.consume(RequestHeader::LEN + len);
-            self.params.conn.request_read();
-            batch.at.push(at);
-            batch.reqs.push(Request {
-                hdr,
-                payload_dropped: false,
-                cost: 0,
-            });
+            self.take_into(batch, hdr, at);
         }
     }
 
@@ -465,4 +444,19 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
             *broken = Some(e);
         }
     }
+}
+
+/// The request whose header is whole at the front of the buffer, if `fits` takes it and its data
+/// fits in the batch's space after what the batch holds; and where that data goes.
+fn next_buffered<R: Read>(
+    inbound: &std::io::BufReader<R>,
+    batch: &Batch,
+    fits: impl Fn(&RequestHeader) -> bool,
+) -> Option<(RequestHeader, usize)> {
+    let raw = inbound.buffer().get(..RequestHeader::LEN)?;
+    // Out of sync (`None`): the next `read_header` reports it.
+    let hdr = RequestHeader::decode(raw.try_into().expect("sliced to LEN"))?;
+    let at = batch.used();
+    let room = at + (hdr.length as usize).next_multiple_of(ALIGN) <= SPACE;
+    (fits(&hdr) && room).then_some((hdr, at))
 }
