@@ -513,10 +513,12 @@ impl Log {
             return;
         }
         let tickets: SmallVec<[Ticket; MAX_GROUP]> = (0..n).map(Waiter::ticket_of_group).collect();
-        let mut ops = recs
+        // Made before the queue or the writer is held: `recs` may copy data.
+        let ops: SmallVec<[Op; MAX_GROUP]> = recs
             .zip(&tickets)
-            .map(|(rec, w)| Op::Append(rec, Some(w.clone())));
-        self.submit_all(false, &mut ops);
+            .map(|(rec, w)| Op::Append(rec, Some(w.clone())))
+            .collect();
+        self.submit_all(false, &mut ops.into_iter());
         results.extend(tickets.iter().map(Ticket::wait));
     }
 
