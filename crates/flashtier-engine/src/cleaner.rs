@@ -486,9 +486,11 @@ fn read_current(
 }
 
 /// Most reads of the cache device a cleaning pass has in flight (`read_current`): a client's
-/// read or write may queue behind each. A QD1 commit (4K write + FLUSH) while the cleaner
-/// drained a backlog: p99 222–301 µs with one read at a time, 175–212 µs with 4, 249–330 µs with
-/// 8 and ~450 µs with 32 (the ring's size), at the same cleaning rate (bench/results/write_batch/).
+/// read or write may queue behind each. While the cleaner drained a backlog, a QD1 commit's
+/// (4K write + FLUSH) write p99 was 436–465 µs with the ring's 32, against 222–322 µs with one
+/// read at a time; 249–342 µs with 8; with 4, 175–212 µs in one series and 289–403 µs in
+/// another, where one at a time had 253–326 µs and wrote back 12–20% less meanwhile
+/// (bench/results/write_batch/). Pacing the cleaner is the write-back controller's job.
 const READ_BATCH: usize = 4;
 
 /// Passes over what stayed dirty after a full write-back, at most: see [`write_back_all`].
