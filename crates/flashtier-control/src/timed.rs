@@ -149,6 +149,24 @@ impl Timed {
         r
     }
 
+    /// One read or write of a batch the device served (started with the batch at `start`):
+    /// traced, timed and, if it succeeded, added to the working set, as `accessed` does.
+    fn batched(&self, op: Op, start: Instant, offset: u64, len: usize, ok: bool) {
+        let (n, trace) = (
+            len as u64,
+            if op == Op::Read {
+                TraceOp::Read
+            } else {
+                TraceOp::Write
+            },
+        );
+        self.tracer.record(trace, offset, n, false);
+        self.lat.record(op, start, n, ok);
+        if ok {
+            self.working_set.record(offset, n);
+        }
+    }
+
     /// [`Self::timed`] for a read or a write of `len` bytes at `offset`: what it touched joins
     /// the working set once it succeeded (a refused request touched nothing a cache could keep).
     fn accessed(
@@ -191,12 +209,8 @@ impl BlockDev for Timed {
         let start = Instant::now();
         self.inner.read_batch(reads, leave);
         for r in reads.iter() {
-            let Some(result) = &r.result else { continue };
-            let n = r.buf.len() as u64;
-            self.tracer.record(TraceOp::Read, r.offset, n, false);
-            self.lat.record(Op::Read, start, n, result.is_ok());
-            if result.is_ok() {
-                self.working_set.record(r.offset, n);
+            if let Some(result) = &r.result {
+                self.batched(Op::Read, start, r.offset, r.buf.len(), result.is_ok());
             }
         }
     }
@@ -211,12 +225,8 @@ impl BlockDev for Timed {
         let start = Instant::now();
         self.inner.write_batch(writes);
         for w in writes.iter() {
-            let Some(result) = &w.result else { continue };
-            let n = w.buf.len() as u64;
-            self.tracer.record(TraceOp::Write, w.offset, n, false);
-            self.lat.record(Op::Write, start, n, result.is_ok());
-            if result.is_ok() {
-                self.working_set.record(w.offset, n);
+            if let Some(result) = &w.result {
+                self.batched(Op::Write, start, w.offset, w.buf.len(), result.is_ok());
             }
         }
     }

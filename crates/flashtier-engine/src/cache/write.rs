@@ -176,27 +176,43 @@ impl Cache {
         let bs = self.block_size() as usize;
         let n = (data.len() / bs) as u64;
         let max = (e.atomic_bytes as usize / bs).max(1) as u64;
-        {
-            let st = e.state.read();
-            let hits = (lba..lba + n)
-                .filter(|&b| st.index.get(b).is_some())
-                .count();
-            Stats::add(&e.stats.write_hit_blocks, hits as u64);
-        }
+        self.count_write_hits(std::iter::once((lba, n)));
         let mut records = Logged::new();
         let mut done = 0;
         while done < n {
             let k = (n - done).min(max);
             let from = done as usize * bs;
-            let mut buf = e.log.buffer(k as usize * bs);
-            buf.copy_from_slice(&data[from..from + k as usize * bs]);
-            let rec = Record::new(Kind::Write, lba + done, k as u32, Some(buf)).dirty(dirty);
+            let rec = self.write_record(lba + done, &data[from..from + k as usize * bs], dirty);
             let appended = e.log.append(rec, false)?;
             records.push((lba + done, appended.slot, k as u32));
             done += k;
         }
         Stats::add(&e.stats.write_blocks, n);
         Ok(records)
+    }
+
+    /// Counts the blocks of the writes `(first block, blocks)` that replace a cached version,
+    /// under one hold of the state lock.
+    pub(super) fn count_write_hits(&self, writes: impl Iterator<Item = (u64, u64)>) {
+        let e = &*self.e;
+        let st = e.state.read();
+        let hits: usize = writes
+            .map(|(lba, n)| {
+                (lba..lba + n)
+                    .filter(|&b| st.index.get(b).is_some())
+                    .count()
+            })
+            .sum();
+        Stats::add(&e.stats.write_hit_blocks, hits as u64);
+    }
+
+    /// A WRITE record of the whole blocks `data` from `lba` (at most the atomic size), its data
+    /// copied into a buffer from the log's pool.
+    pub(super) fn write_record(&self, lba: u64, data: &[u8], dirty: bool) -> Record {
+        let mut buf = self.e.log.buffer(data.len());
+        buf.copy_from_slice(data);
+        let blocks = (data.len() as u64 / self.block_size()) as u32;
+        Record::new(Kind::Write, lba, blocks, Some(buf)).dirty(dirty)
     }
 
     /// Durably unmaps `[lba, lba + n)` so the backing store may be written there.

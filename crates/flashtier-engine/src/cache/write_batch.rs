@@ -20,8 +20,7 @@ use smallvec::SmallVec;
 
 use flashtier_io::BatchWrite;
 
-use crate::layout::batch::Kind;
-use crate::log::{Record, MAX_GROUP};
+use crate::log::MAX_GROUP;
 use crate::range_lock::{Hold, RangeGuard};
 use crate::stats::Stats;
 
@@ -81,27 +80,12 @@ impl Cache {
         if taken.is_empty() {
             return;
         }
-        {
-            let st = e.state.read();
-            let mut hits = 0;
-            for &(at, _) in &taken {
-                let w = &writes[at];
-                let first = w.offset / bs;
-                let n = w.buf.len() as u64 / bs;
-                hits += (first..first + n)
-                    .filter(|&b| st.index.get(b).is_some())
-                    .count() as u64;
-            }
-            Stats::add(&e.stats.write_hit_blocks, hits);
-        }
-        let mut blocks = 0;
+        let span = |w: &BatchWrite<'_>| (w.offset / bs, w.buf.len() as u64 / bs);
+        self.count_write_hits(taken.iter().map(|&(at, _)| span(&writes[at])));
+        let blocks: u64 = taken.iter().map(|&(at, _)| span(&writes[at]).1).sum();
         let records = taken.iter().map(|&(at, _)| {
             let w = &writes[at];
-            let mut buf = e.log.buffer(w.buf.len());
-            buf.copy_from_slice(w.buf);
-            let n = (w.buf.len() as u64 / bs) as u32;
-            blocks += n as u64;
-            Record::new(Kind::Write, w.offset / bs, n, Some(buf)).dirty(true)
+            self.write_record(w.offset / bs, w.buf, true)
         });
         let mut results: SmallVec<[_; MAX_GROUP]> = SmallVec::new();
         e.log.append_group(records, &mut results);

@@ -89,6 +89,13 @@ impl Batch {
         self.at.clear();
     }
 
+    /// Allocates the space on the first batch; kept after.
+    fn make_space(&mut self) {
+        if self.space.len() < SPACE {
+            self.space = AlignedBuf::zeroed(SPACE);
+        }
+    }
+
     /// Room in `space` after what the batch holds.
     fn used(&self) -> usize {
         match (self.at.last(), self.reqs.last()) {
@@ -157,9 +164,7 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
         if max < 2 {
             return;
         }
-        if batch.space.len() < SPACE {
-            batch.space = AlignedBuf::zeroed(SPACE);
-        }
+        batch.make_space();
         batch.writes = true;
         while batch.len() + 1 < max {
             let buffered = inbound.buffer().len();
@@ -282,9 +287,7 @@ impl<'env, R: Read + Send, W: Write + Send> Shared<'env, R, W> {
         extents: &mut Vec<(u32, u32)>,
         scope: &'scope Scope<'scope, '_>,
     ) -> bool {
-        if batch.space.len() < SPACE {
-            batch.space = AlignedBuf::zeroed(SPACE);
-        }
+        batch.make_space();
         let n = 1 + batch.reqs.len();
         let hdr = |i: usize| {
             if i == 0 {
