@@ -30,9 +30,11 @@
 //! SIGTERM, or does not finish the read-back has its thread stacks saved (gdb) and is killed. A
 //! failing run keeps its files and logs.
 //!
-//! `kill_9_write_through_with_racing_writes` runs the same cycles all in write-through mode.
+//! `kill_9_write_through_with_racing_writes` runs the same cycles all in write-through mode;
+//! `kill_9_with_pipelined_writes` all in write-back with one connection of 8 threads, so that
+//! small WRITEs arrive together and are logged as a group.
 //!
-//! FLASHTIER_LONG=1 runs 500 cycles instead of 20 (100 instead of 10 all in write-through);
+//! FLASHTIER_LONG=1 runs 500 cycles instead of 20 (100 instead of 10 for the other two);
 //! FLASHTIER_CRASH_SEED=N repeats a seed (the kill timing still varies);
 //! FLASHTIER_CRASH_TERM_PERCENT=N ends N% of the cycles with SIGTERM (default 15) instead of
 //! kill -9.
@@ -56,9 +58,9 @@ const DISK_BLOCKS: u64 = DISK_BYTES / BS as u64;
 const CACHE_BYTES: u64 = 64 * MIB;
 /// The usual working set: fits in the cache (overwrites keep reclaim compacting).
 const HOT_BLOCKS: u64 = 40 * MIB / BS as u64;
+/// The usual clients: 4 connections of 2 synchronous threads each.
 const CONNECTIONS: usize = 4;
 const THREADS_PER_CONNECTION: usize = 2;
-const WORKERS: usize = CONNECTIONS * THREADS_PER_CONNECTION;
 /// 256 KiB, well below the atomic write size (1 MiB, or a little less with 1 MiB segments).
 const MAX_WRITE_BLOCKS: u64 = 64;
 const MAGIC: [u8; 8] = *b"FTCRASH1";
@@ -702,6 +704,7 @@ struct Files {
     cache: PathBuf,
     backing: PathBuf,
     socket: PathBuf,
+    control: PathBuf,
 }
 
 fn start(f: &Files, mode: &str) -> Server {
@@ -719,7 +722,20 @@ fn start(f: &Files, mode: &str) -> Server {
         // after 30 s and takes its thread stacks.
         "--shutdown-grace",
         "120",
+        "--control-socket",
+        path_str(&f.control),
     ])
+}
+
+/// The server's `batched_writes` counter (WRITEs it took in a batch since it started), or
+/// `None` when `flashtier stats` could not ask it.
+fn batched_writes(f: &Files) -> Option<u64> {
+    let out = harness::ctl(&f.control, &["stats", "--json"]);
+    if !out.status.success() {
+        return None;
+    }
+    let stats: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+    stats["counters"]["batched_writes"].as_u64()
 }
 
 /// Fails the test, keeping the files for a post-mortem.
@@ -737,6 +753,12 @@ struct Plan {
     write_through_percent: u64,
     /// Percent of cycles ended by SIGTERM (the rest by kill -9).
     term_percent: u64,
+    connections: usize,
+    /// Synchronous threads sharing each connection: the requests a connection has in flight.
+    threads_per_connection: usize,
+    /// The cycles must have reached the server's write batches (`batched_writes`), which only
+    /// pipelined WRITEs do: a test meant for them that stopped reaching them would pass unseen.
+    needs_batched_writes: bool,
 }
 
 /// FLASHTIER_CRASH_TERM_PERCENT=N ends N% of the cycles with SIGTERM instead of kill -9.
@@ -754,6 +776,9 @@ fn kill_9_under_verifying_workload() {
         cycles: if long { 500 } else { 20 },
         write_through_percent: 25,
         term_percent: term_percent(),
+        connections: CONNECTIONS,
+        threads_per_connection: THREADS_PER_CONNECTION,
+        needs_batched_writes: false,
     });
 }
 
@@ -768,6 +793,26 @@ fn kill_9_write_through_with_racing_writes() {
         cycles: if long { 100 } else { 10 },
         write_through_percent: 100,
         term_percent: term_percent(),
+        connections: CONNECTIONS,
+        threads_per_connection: THREADS_PER_CONNECTION,
+        needs_batched_writes: false,
+    });
+}
+
+/// The same crash cycles in write-back mode with one connection of 8 threads: up to 8 requests
+/// in flight on it, so small WRITEs arrive together and the server logs them as one group
+/// (`transmission/batch.rs`, `cache/write_batch.rs`), acknowledging them in one write. With 2
+/// threads a connection (above) that path is seldom taken.
+#[test]
+fn kill_9_with_pipelined_writes() {
+    let long = std::env::var("FLASHTIER_LONG").is_ok_and(|v| v == "1");
+    crash_cycles(Plan {
+        cycles: if long { 100 } else { 10 },
+        write_through_percent: 0,
+        term_percent: term_percent(),
+        connections: 1,
+        threads_per_connection: 8,
+        needs_batched_writes: true,
     });
 }
 
@@ -783,6 +828,7 @@ fn crash_cycles(plan: Plan) {
         cache: dir.path().join("cache.img"),
         backing: dir.path().join("backing.img"),
         socket: dir.path().join("ft.sock"),
+        control: dir.path().join("control.sock"),
     };
     let logs = dir.path().join("logs");
     fs::create_dir(&logs).unwrap();
@@ -823,6 +869,7 @@ fn crash_cycles(plan: Plan) {
     let mut writethrough_cycles = 0;
     let mut big_cycles = 0;
     let mut verified_blocks = 0u64;
+    let mut batched = 0u64;
 
     for cycle in 0..cycles {
         let stop = if rng.below(100) < plan.term_percent {
@@ -847,7 +894,7 @@ fn crash_cycles(plan: Plan) {
         big_cycles += big as u32;
 
         // The workload, then the crash (or the clean stop) while it runs.
-        let clients: Vec<Arc<NbdClient>> = (0..CONNECTIONS)
+        let clients: Vec<Arc<NbdClient>> = (0..plan.connections)
             .map(|_| {
                 Arc::new(NbdClient::connect(&server.uri).unwrap_or_else(|e| {
                     panic!("cannot connect to {}: {e}\n{}", server.uri, server.log())
@@ -859,12 +906,13 @@ fn crash_cycles(plan: Plan) {
         // Plain threads, not scoped ones: a thread stuck in a request the server will never
         // answer can be left behind (see below). Each cycle has its own stop flag.
         let stop_workers = Arc::new(AtomicBool::new(false));
-        let thread_logs: Vec<Arc<Mutex<ThreadLog>>> = (0..WORKERS)
+        let workers = plan.connections * plan.threads_per_connection;
+        let thread_logs: Vec<Arc<Mutex<ThreadLog>>> = (0..workers)
             .map(|_| Arc::new(Mutex::new(ThreadLog::default())))
             .collect();
-        let handles: Vec<_> = (0..WORKERS)
+        let handles: Vec<_> = (0..workers)
             .map(|t| {
-                let (client, sh) = (clients[t % CONNECTIONS].clone(), sh.clone());
+                let (client, sh) = (clients[t % plan.connections].clone(), sh.clone());
                 let (stop, log) = (stop_workers.clone(), thread_logs[t].clone());
                 std::thread::spawn(move || worker(&sh, &stop, &client, w, t as u64, &log))
             })
@@ -880,6 +928,10 @@ fn crash_cycles(plan: Plan) {
             fs::write(&stacks, harness::thread_stacks(server.pid())).unwrap();
             stacks
         });
+        if plan.needs_batched_writes && hung.is_none() {
+            batched += batched_writes(&f)
+                .unwrap_or_else(|| fail(&dir, format!("cycle {cycle}: `flashtier stats` failed")));
+        }
         sh.crashing.store(true, SeqCst);
         let status = server.signal_and_wait(match (stop, &hung) {
             (Stop::Kill, _) | (_, Some(_)) => libc::SIGKILL,
@@ -1137,6 +1189,13 @@ fn crash_cycles(plan: Plan) {
         recoveries, kills,
         "every kill -9 must be followed by a recovery"
     );
+    if plan.needs_batched_writes {
+        println!("crash: {batched} writes taken in batches before the crashes");
+        assert!(
+            batched > 0,
+            "no cycle reached the server's write batches: the test no longer tests them"
+        );
+    }
 }
 
 /// The checker itself: it must catch a lost durable write, a torn write, stale resurrection,
@@ -1321,6 +1380,7 @@ fn write_through_race(threads: usize, rounds: u64) -> Vec<String> {
         cache: dir.path().join("cache.img"),
         backing: dir.path().join("backing.img"),
         socket: dir.path().join("ft.sock"),
+        control: dir.path().join("control.sock"),
     };
     harness::sparse_file(&f.backing, region * BS as u64);
     harness::run(Command::new(harness::BIN).args([
