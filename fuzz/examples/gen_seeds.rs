@@ -19,8 +19,8 @@ use flashtier_fuzz::on_device::{self, BATCH, CHECKPOINT, CHOOSE, FIX_CRC, SUPERB
 use flashtier_fuzz::transmission::{self, MAX_PAYLOAD_SMALL};
 use flashtier_fuzz::{quirky, request_header, DEV_SIZE};
 use flashtier_io::{AlignedBuf, BlockDev};
-use flashtier_testkit::MemDev;
 use flashtier_nbd::wire::{cmd, cmd_flag, errno, handshake as hflag, info, opt, BASE_ALLOCATION};
+use flashtier_testkit::MemDev;
 
 const FIXED_NZ: u32 = hflag::C_FIXED_NEWSTYLE | hflag::C_NO_ZEROES;
 const DEV: u64 = DEV_SIZE as u64;
@@ -439,6 +439,47 @@ fn transmission_seeds(root: &Path) -> usize {
         BROKEN_WRITER,
         cat(&stream),
         vec![(WRITE, ok); 16],
+    );
+    // Small WRITEs and READs in a row are served in batches (the plain device batches): a
+    // batch's refusals are sent before its other replies, so these come back out of order.
+    seed(
+        "batches-with-refusals",
+        0,
+        cat(&[
+            write(0, 1, 0, &pattern(4096, 1)),
+            write(0, 2, DEV - 256, &pattern(512, 2)),
+            write(0, 3, 4096, &pattern(4096, 3)),
+            write(0, 4, 6000, &pattern(100, 4)),
+            request(0, READ, 5, 0, 4096),
+            request(0, READ, 6, DEV, 1),
+            request(0, READ, 7, 4096, 4096),
+            request(0, READ, 8, 5900, 300),
+            disc(9),
+        ]),
+        vec![
+            (WRITE, ok),
+            (WRITE, Err(errno::ENOSPC)),
+            (WRITE, ok),
+            (WRITE, ok),
+            (READ, ok),
+            (READ, Err(errno::EINVAL)),
+            (READ, ok),
+            (READ, ok),
+        ],
+    );
+    // The reply writer fails in the middle of a batch's first reply (a refusal, sent first):
+    // the batch's valid WRITEs were carried out all the same.
+    seed(
+        "broken-connection-in-a-batch",
+        BROKEN_WRITER,
+        cat(&[
+            request(0, READ, 1, 0, 232),
+            write(0, 2, 0, &pattern(4096, 5)),
+            write(0, 3, DEV - 256, &pattern(512, 6)),
+            write(0, 4, 8192, &pattern(4096, 7)),
+            disc(5),
+        ]),
+        vec![(READ, ok)],
     );
     let bad = quirky::BAD.start;
     seed(

@@ -16,8 +16,8 @@ pub mod transmission;
 use std::sync::Arc;
 
 use flashtier_io::{BlockDev, ZeroOpts};
-use flashtier_testkit::MemDev;
 use flashtier_nbd::Export;
+use flashtier_testkit::MemDev;
 
 /// Size of the device behind every export: small, so out-of-range requests are easy to reach.
 pub const DEV_SIZE: usize = 1 << 20;
@@ -30,12 +30,13 @@ pub const EXPORT_NAME: &str = "disk";
 /// allocating 1 MiB per run costs more in page faults than everything else a run does. So a target
 /// must leave the device zeroed when it returns (the read-only one cannot change, and the
 /// transmission target checks that it did not).
-/// With `quirky`, the device is wrapped in [`quirky::Quirky`].
+/// The device serves batches of reads and writes (`MemDev::batching`), so the server's batched
+/// paths run; with `quirky`, it is wrapped in [`quirky::Quirky`], which does not forward them.
 pub fn export(read_only_dev: bool, force_read_only: bool, quirky: bool) -> (Export, Arc<MemDev>) {
     thread_local! {
         static DEVS: [Arc<MemDev>; 2] = [
-            Arc::new(MemDev::new(DEV_SIZE)),
-            Arc::new(MemDev::new(DEV_SIZE).read_only()),
+            Arc::new(MemDev::new(DEV_SIZE).batching()),
+            Arc::new(MemDev::new(DEV_SIZE).read_only().batching()),
         ];
     }
     let mem = DEVS.with(|d| d[read_only_dev as usize].clone());

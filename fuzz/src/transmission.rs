@@ -14,8 +14,13 @@
 //! | 6   | the reply writer fails once 256 bytes were written (broken connection) |
 //! | 7   | the device is [`Quirky`](quirky::Quirky): fragmented allocation map, EIO in a bad region, fast zeroing only when aligned |
 //!
-//! With one thread, requests are answered in order, so each request read in full gets exactly the
-//! next reply. Checked for every request:
+//! The device is a `MemDev` serving batches of reads and writes, or, with bit 7, a quirky one that
+//! serves none ([`Config::batching`]), so both the server's one-request paths and its batches
+//! (`transmission/batch.rs`: small READs, and small WRITEs without flags, in a row) are fuzzed.
+//! With one thread the server carries requests out in the order it reads them, and answers them
+//! in that order too, except within a batch, whose refusals and device errors are sent before its
+//! other replies: so a reply answers one of the next 8 requests not answered yet, by its handle
+//! (with the quirky device, exactly the next one). Checked for every request:
 //! - the reply is framed correctly (simple or structured magic, the request's handle, a sane
 //!   length, `DONE` on the single chunk), and READ data follows a successful simple reply;
 //! - it succeeds exactly when the request is valid by the NBD spec's rules (known command, flags
@@ -29,13 +34,15 @@
 //!   of its range;
 //! - nothing follows the last reply, the device ends up holding what the model holds, and the
 //!   connection was hung up exactly when the stream went out of sync (bad magic) or a reply could
-//!   not be sent; in the latter case the request whose reply was cut short is the last one the
-//!   server executed.
+//!   not be sent; in the latter case the server carried out the requests it read up to one of
+//!   those not answered, the first of them at least (all of a batch's valid writes are carried out
+//!   before its first reply is sent), and none after.
 //!
 //! Model detail: TRIM on a `MemDev` zeroes the range (the spec leaves trimmed data unspecified;
 //! this target's device is known to zero it).
 
 use std::cell::RefCell;
+use std::collections::VecDeque;
 use std::io::{self, Cursor, Write};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -88,6 +95,12 @@ impl Config {
 
     pub fn read_only(&self) -> bool {
         self.force_read_only || self.dev_read_only
+    }
+
+    /// Whether the device serves batches (`read_batch`, `write_batch`): the plain `MemDev` does
+    /// ([`crate::export`]), the quirky one does not, so both of the server's paths are fuzzed.
+    pub fn batching(&self) -> bool {
+        !self.quirky
     }
 
     /// The session the handshake would have produced for this configuration.
@@ -167,9 +180,13 @@ pub fn run(data: &[u8]) -> Answers {
     let hung_up = hung_up.load(Ordering::Relaxed);
     SCRATCH.with_borrow_mut(|scratch| {
         let (shadow, readback) = (&mut scratch.shadow, &mut scratch.readback);
-        let (answers, dirty) = check(&cfg, stream, &out, shadow, hung_up, writer_failed);
+        let Checked {
+            answers,
+            dirty,
+            cut,
+        } = check(&cfg, stream, &out, shadow, hung_up, writer_failed);
         if let Some(dirty) = dirty {
-            check_device(&*mem, shadow, readback);
+            check_device_after_cut(&cfg, &*mem, shadow, readback, &cut);
             // Both are all zeroes again outside `dirty` (just checked), so only it is reset.
             shadow[dirty.clone()].fill(0);
             crate::reset(&mem, dirty);
@@ -190,6 +207,35 @@ thread_local! {
         shadow: vec![0; DEV_SIZE],
         readback: vec![0; DEV_SIZE],
     });
+}
+
+/// [`check_device`], where a reply was cut short: the server carried out the requests it had read
+/// (`cut`, in the order read) up to one of them, the first at least, before it gave up on the
+/// connection. One at a time unless it batched them (up to [`BATCH_WINDOW`] in a row).
+fn check_device_after_cut(
+    cfg: &Config,
+    dev: &dyn BlockDev,
+    shadow: &mut [u8],
+    readback: &mut [u8],
+    cut: &[Unanswered],
+) {
+    let carried_out = |u: &Unanswered, shadow: &mut [u8]| {
+        if violations(cfg, &u.req).is_empty() && device_error(cfg, &u.req).is_none() {
+            apply(&u.req, u.payload, shadow);
+        }
+    };
+    let Some((first, later)) = cut.split_first() else {
+        return check_device(dev, shadow, readback);
+    };
+    carried_out(first, shadow);
+    dev.read_at(readback, 0).expect("reading the device back");
+    for u in later {
+        if readback[..] == shadow[..] {
+            break;
+        }
+        carried_out(u, shadow);
+    }
+    check_device(dev, shadow, readback);
 }
 
 /// The whole device must hold what the model holds (so a write that lands in the wrong place is
@@ -235,78 +281,101 @@ impl Write for Sink<'_> {
     }
 }
 
-/// Walks the requests and their replies; returns the answers and, if any request that may change
-/// the device was answered, the smallest range of the device that holds every range such requests
-/// named (clamped to the device).
-fn check(
+/// A request read off the input that has not been answered yet, with its WRITE payload.
+struct Unanswered<'a> {
+    /// Its place in the input (the answers are given in this order).
+    number: usize,
+    req: Req,
+    payload: &'a [u8],
+}
+
+/// How many requests in a row the server may answer in another order than it read them: those
+/// of one batch (`transmission/batch.rs`, up to 8), whose refusals and device errors go out
+/// before the rest. Only a device that batches ([`Config::batching`]) makes batches.
+const BATCH_WINDOW: usize = 8;
+
+/// What [`check`] found: the answers (in request order), the smallest range of the device that
+/// holds every range a request that may change the device named (clamped to the device), if any,
+/// and, when a reply was cut short, the requests the server may have carried out before it gave up
+/// on the connection.
+struct Checked<'a> {
+    answers: Answers,
+    dirty: Option<Range<usize>>,
+    cut: Vec<Unanswered<'a>>,
+}
+
+/// Walks the requests and their replies. Each reply answers one of the first [`BATCH_WINDOW`]
+/// requests not answered yet (with a device that does not batch, the first one): the first of
+/// them with the reply's handle whose expected outcome (refused or failed by the device, or not)
+/// is the reply's, else the first with its handle, so that a fuzzer's repeated handles still pair
+/// each reply with a request it can answer.
+fn check<'a>(
     cfg: &Config,
-    stream: &[u8],
+    stream: &'a [u8],
     out: &[u8],
     shadow: &mut [u8],
     hung_up: bool,
     writer_failed: bool,
-) -> (Answers, Option<Range<usize>>) {
+) -> Checked<'a> {
+    let window = if cfg.batching() { BATCH_WINDOW } else { 1 };
     let mut input = Bytes::new(stream);
     let mut output = Bytes::new(out);
-    let mut answers = Vec::new();
+    let mut answered: Vec<Option<(u16, Result<(), u32>)>> = Vec::new();
+    let mut unanswered: VecDeque<Unanswered<'a>> = VecDeque::new();
     let mut bad_magic = false;
+    let mut input_done = false;
     let mut reply_cut = false;
     let mut dirty: Option<Range<usize>> = None;
-    // A request the server cannot read in full gets no reply: the connection just ends.
-    while let Some(magic) = input.u32() {
-        if magic != REQUEST_MAGIC {
-            bad_magic = input.remaining() >= 24;
-            break;
-        }
-        let (Some(flags), Some(cmd), Some(handle), Some(offset), Some(length)) = (
-            input.u16(),
-            input.u16(),
-            input.u64(),
-            input.u64(),
-            input.u32(),
-        ) else {
-            break;
-        };
-        let req = Req {
-            flags,
-            cmd,
-            handle,
-            offset,
-            length,
-        };
-        if cmd == cmd::DISC {
-            break;
-        }
-        let mut payload: &[u8] = &[];
-        if cmd == cmd::WRITE {
-            // Read in full, or (beyond the maximum payload) read and discarded; either way all of
-            // it must be there for the request to be answered.
-            let Some(p) = input.take(length as usize) else {
-                break;
-            };
-            payload = p;
-        }
-        // Refused writes must not have touched the device either.
-        if matches!(cmd, cmd::WRITE | cmd::TRIM | cmd::WRITE_ZEROES) {
-            let start = offset.min(DEV_SIZE as u64) as usize;
-            let end = (offset as u128 + length as u128).min(DEV_SIZE as u128) as usize;
-            dirty = Some(match dirty {
-                None => start..end,
-                Some(d) => d.start.min(start)..d.end.max(end),
-            });
-        }
-        let broken = violations(cfg, &req);
-        let Some(got) = next_reply(cfg, &req, &mut output, shadow) else {
-            // Only a broken connection may cut a reply short. The request was still executed;
-            // then the server gave up on the connection.
-            assert!(writer_failed, "reply to {req:?} missing or truncated");
-            if broken.is_empty() && device_error(cfg, &req).is_none() {
-                apply(&req, payload, shadow);
+    let mut cut = Vec::new();
+    loop {
+        // A request the server cannot read in full gets no reply: the connection just ends.
+        while !input_done && unanswered.len() < window {
+            match next_request(&mut input, &mut bad_magic) {
+                Some((req, payload)) => {
+                    // Refused writes must not have touched the device either.
+                    if matches!(req.cmd, cmd::WRITE | cmd::TRIM | cmd::WRITE_ZEROES) {
+                        let start = req.offset.min(DEV_SIZE as u64) as usize;
+                        let end = (req.offset as u128 + req.length as u128).min(DEV_SIZE as u128)
+                            as usize;
+                        dirty = Some(match dirty {
+                            None => start..end,
+                            Some(d) => d.start.min(start)..d.end.max(end),
+                        });
+                    }
+                    unanswered.push_back(Unanswered {
+                        number: answered.len(),
+                        req,
+                        payload,
+                    });
+                    answered.push(None);
+                }
+                None => input_done = true,
             }
+        }
+        if unanswered.is_empty() {
+            break;
+        }
+        let at = which_request(cfg, &output, &unanswered);
+        let broken = violations(cfg, &unanswered[at].req);
+        let Some(got) = next_reply(cfg, &unanswered[at].req, &mut output, shadow) else {
+            // Only a broken connection may cut a reply short. The requests read were still
+            // carried out, the first one not answered at least; then the server gave up on the
+            // connection.
+            assert!(
+                writer_failed,
+                "reply to {:?} missing or truncated",
+                unanswered[at].req
+            );
             reply_cut = true;
             output.pos = output.buf.len();
+            cut = unanswered.into();
             break;
         };
+        let Unanswered {
+            number,
+            req,
+            payload,
+        } = unanswered.remove(at).expect("in the window");
         let dev_error = device_error(cfg, &req);
         match (&got, broken.is_empty()) {
             (Ok(()), false) => {
@@ -327,7 +396,7 @@ fn check(
                 }
             }
         }
-        answers.push((cmd, got));
+        answered[number] = Some((req.cmd, got));
     }
     assert_eq!(
         output.remaining(),
@@ -345,7 +414,73 @@ fn check(
         bad_magic || writer_failed,
         "the connection must be hung up exactly when a request has a bad magic or a reply fails"
     );
-    (answers, dirty)
+    Checked {
+        answers: answered.into_iter().flatten().collect(),
+        dirty,
+        cut,
+    }
+}
+
+/// The next request on the input and its WRITE payload; `None` at the end of what the server
+/// answers: the input ends (a request not whole), a DISC, or a bad magic (`bad_magic` then says
+/// whether a whole request header was there, which the server hangs up on).
+fn next_request<'a>(input: &mut Bytes<'a>, bad_magic: &mut bool) -> Option<(Req, &'a [u8])> {
+    let magic = input.u32()?;
+    if magic != REQUEST_MAGIC {
+        *bad_magic = input.remaining() >= 24;
+        return None;
+    }
+    let (flags, cmd, handle, offset, length) = (
+        input.u16()?,
+        input.u16()?,
+        input.u64()?,
+        input.u64()?,
+        input.u32()?,
+    );
+    let req = Req {
+        flags,
+        cmd,
+        handle,
+        offset,
+        length,
+    };
+    if cmd == cmd::DISC {
+        return None;
+    }
+    // Read in full, or (beyond the maximum payload) read and discarded; either way all of it
+    // must be there for the request to be answered.
+    let payload = if cmd == cmd::WRITE {
+        input.take(length as usize)?
+    } else {
+        &[]
+    };
+    Some((req, payload))
+}
+
+/// Which of `unanswered` the next reply on `out` answers, by its handle (see [`check`]); the
+/// first one when the output ends before a reply's handle or does not hold a reply at all (its
+/// parser then says what is wrong).
+fn which_request(cfg: &Config, out: &Bytes, unanswered: &VecDeque<Unanswered>) -> usize {
+    let mut peek = Bytes::new(out.buf);
+    peek.pos = out.pos;
+    let found = match peek.u32() {
+        Some(SIMPLE_REPLY_MAGIC) => peek.u32().zip(peek.u64()).map(|(e, h)| (h, e != 0)),
+        Some(STRUCTURED_REPLY_MAGIC) => {
+            let ty = peek.u16().and(peek.u16());
+            ty.zip(peek.u64()).map(|(t, h)| (h, reply::is_error(t)))
+        }
+        _ => None,
+    };
+    let Some((handle, error)) = found else {
+        return 0;
+    };
+    let fails = |r: &Req| !violations(cfg, r).is_empty() || device_error(cfg, r).is_some();
+    unanswered
+        .iter()
+        .position(|u| u.req.handle == handle && fails(&u.req) == error)
+        .or_else(|| unanswered.iter().position(|u| u.req.handle == handle))
+        // A handle no request in flight has: the first request's parser reports it.
+        .unwrap_or(0)
 }
 
 /// The errno values the spec allows for each rule the request breaks; empty if it is valid.

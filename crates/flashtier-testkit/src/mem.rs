@@ -4,21 +4,24 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::RwLock;
 
-use flashtier_io::{check_range, BatchRead, BlockDev, DevInfo, Extent, ZeroOpts};
+use flashtier_io::{check_range, BatchRead, BatchWrite, BlockDev, DevInfo, Extent, ZeroOpts};
 
 /// A zero-filled device held in a `Vec`, trimming and zeroing quickly; writes are durable on
 /// return (flush does nothing).
 pub struct MemDev {
     info: DevInfo,
     data: RwLock<Vec<u8>>,
-    /// Serves `read_batch` (see [`MemDev::batching`]).
+    /// Serves `read_batch` and `write_batch` (see [`MemDev::batching`]).
     batching: AtomicBool,
     batches: AtomicU64,
     batched_reads: AtomicU64,
+    batched_writes: AtomicU64,
 }
 
 /// Most reads a batching [`MemDev`] serves in one `read_batch`, as a file's io_uring ring.
 const MEM_READ_BATCH: usize = 32;
+/// Most writes a batching [`MemDev`] takes in one `write_batch`, as a cache in write-back mode.
+const MEM_WRITE_BATCH: usize = 8;
 
 impl MemDev {
     /// A device of `size` bytes, all zero.
@@ -33,11 +36,14 @@ impl MemDev {
             batching: AtomicBool::new(false),
             batches: AtomicU64::new(0),
             batched_reads: AtomicU64::new(0),
+            batched_writes: AtomicU64::new(0),
         }
     }
 
     /// The same device serving whole batches of reads (`read_batch`, up to [`MEM_READ_BATCH`]),
-    /// as a file with io_uring does, so that callers take their batched paths; it counts them.
+    /// as a file with io_uring does, and of writes (`write_batch`, up to [`MEM_WRITE_BATCH`], in
+    /// order), as a write-back cache does, so that callers take their batched paths; it counts
+    /// them.
     pub fn batching(self) -> MemDev {
         self.batching.store(true, Ordering::Relaxed);
         self
@@ -49,6 +55,11 @@ impl MemDev {
             self.batches.load(Ordering::Relaxed),
             self.batched_reads.load(Ordering::Relaxed),
         )
+    }
+
+    /// The writes taken in `write_batch` calls so far.
+    pub fn batched_writes(&self) -> u64 {
+        self.batched_writes.load(Ordering::Relaxed)
     }
 
     /// The same device refusing writes (`EPERM`), as a read-only export or disk would.
@@ -114,6 +125,24 @@ impl BlockDev for MemDev {
         }
     }
 
+    fn write_batch_max(&self) -> usize {
+        if self.batching.load(Ordering::Relaxed) {
+            MEM_WRITE_BATCH
+        } else {
+            1
+        }
+    }
+
+    fn write_batch(&self, writes: &mut [BatchWrite<'_>]) {
+        if !self.batching.load(Ordering::Relaxed) {
+            return;
+        }
+        for w in writes {
+            self.batched_writes.fetch_add(1, Ordering::Relaxed);
+            w.result = Some(self.write_at(w.buf, w.offset, false));
+        }
+    }
+
     fn write_at(&self, buf: &[u8], offset: u64, _fua: bool) -> io::Result<()> {
         self.check_writable()?;
         check_range(self.info.size, offset, buf.len() as u64, true)?;
@@ -170,5 +199,37 @@ mod tests {
             ro.write_at(b"x", 0, false).unwrap_err().raw_os_error(),
             Some(libc::EPERM)
         );
+    }
+
+    #[test]
+    fn a_batching_device_takes_writes_in_order_and_fails_each_alone() {
+        let plain = MemDev::new(8192);
+        let mut w = [BatchWrite::new(b"abc", 0)];
+        plain.write_batch(&mut w);
+        assert!(w[0].result.is_none(), "a plain device leaves every write");
+        assert_eq!(plain.write_batch_max(), 1);
+
+        let dev = MemDev::new(8192).batching();
+        let mut w = [
+            BatchWrite::new(b"abc", 0),
+            BatchWrite::new(b"x", 8192),
+            BatchWrite::new(b"de", 1),
+        ];
+        dev.write_batch(&mut w);
+        assert!(w[0].result.as_ref().unwrap().is_ok());
+        assert_eq!(
+            w[1].result
+                .as_ref()
+                .unwrap()
+                .as_ref()
+                .unwrap_err()
+                .raw_os_error(),
+            Some(libc::ENOSPC)
+        );
+        assert!(w[2].result.as_ref().unwrap().is_ok());
+        let mut b = [0u8; 3];
+        dev.read_at(&mut b, 0).unwrap();
+        assert_eq!(&b, b"ade", "written in the batch's order");
+        assert_eq!(dev.batched_writes(), 3);
     }
 }
