@@ -19,13 +19,18 @@
 //! - A read that answered some blocks from copies rechecks every block's version at the end;
 //!   if a write began meanwhile its answer could mix data from before and after that write (a
 //!   torn atomic write), so the read is made again from below.
+//! - Batches (`read_batch`, `write_batch`) follow the same rules request by request: a batched
+//!   read is answered from copies only if all of its blocks are and the recheck holds (else it
+//!   goes below with the others), and each batched write is marked before the batch goes below
+//!   and ended after, with no data for one the device below left.
 
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use flashtier_io::versions::{Tag, Versions};
-use flashtier_io::{BlockDev, DevInfo, Extent, ZeroOpts};
+use flashtier_io::versions::{Begun, Tag, Versions};
+use flashtier_io::{BatchRead, BatchWrite, BlockDev, DevInfo, Extent, ZeroOpts};
+use smallvec::SmallVec;
 
 use crate::store::{RamPolicy, Store, BLOCK};
 
@@ -197,6 +202,15 @@ impl RamTier {
         if len == 0 {
             return write();
         }
+        let marked = self.mark(offset, len);
+        let result = write();
+        self.unmark(marked, data.filter(|_| result.is_ok()));
+        result
+    }
+
+    /// Before a write of `[offset, offset + len)` (not empty) goes below: its blocks' versions
+    /// marked as written and their copies dropped.
+    fn mark(&self, offset: u64, len: u64) -> Marked {
         let b = BLOCK as u64;
         let first = offset / b;
         let count = (offset + len).div_ceil(b) - first;
@@ -214,22 +228,65 @@ impl RamTier {
                 .collect();
             dropped = held.iter().filter(|&&h| h).count() as u64;
         }
-        let result = write();
-        let data = data.filter(|_| result.is_ok() && whole && dropped > 0);
+        Marked {
+            first,
+            count,
+            begun,
+            whole,
+            held,
+            dropped,
+        }
+    }
+
+    /// After the write [`RamTier::mark`]ed came back: `written` is what its blocks hold now if
+    /// it succeeded and that is known (None: it failed, was not done, or wrote no data here);
+    /// a block that had a copy gets it back, with the new data, if no other write touched it
+    /// meanwhile.
+    fn unmark(&self, m: Marked, written: Option<&[u8]>) {
+        let data = written.filter(|_| m.whole && m.dropped > 0);
         let (mut updated, mut evicted) = (0, 0);
-        self.versions.end(begun, first, count, |block, tag| {
-            let i = (block - first) as usize;
-            if let (Some(data), Some(tag), Some(true)) = (data, tag, held.get(i)) {
+        self.versions.end(m.begun, m.first, m.count, |block, tag| {
+            let i = (block - m.first) as usize;
+            if let (Some(data), Some(tag), Some(true)) = (data, tag, m.held.get(i)) {
                 let (kept, ev) = self.keep(block, tag, &data[i * BLOCK..(i + 1) * BLOCK]);
                 updated += u64::from(kept);
                 evicted += u64::from(ev);
             }
         });
         bump(&self.counters.updated_blocks, updated);
-        bump(&self.counters.invalidated_blocks, dropped - updated);
+        bump(&self.counters.invalidated_blocks, m.dropped - updated);
         self.ship_evictions(evicted);
-        result
     }
+
+    /// Answers `buf` (whole blocks from `first`, `tags` taken for them) from copies if every
+    /// block has one and no write touched them meanwhile; false (and `buf` unspecified) if not.
+    fn read_copies(&self, buf: &mut [u8], first: u64, tags: &[Tag]) -> bool {
+        let all = buf.chunks_exact_mut(BLOCK).enumerate().all(|(i, chunk)| {
+            let block = first + i as u64;
+            tags[i].quiet() && self.store.shard(block).get(block, self.policy, chunk)
+        });
+        all && self.versions.unchanged(first, tags)
+    }
+}
+
+/// A write between [`RamTier::mark`] and [`RamTier::unmark`].
+struct Marked {
+    first: u64,
+    count: u64,
+    begun: Begun,
+    /// Whole blocks (so its data can replace copies).
+    whole: bool,
+    /// Per block, whether it had a copy (empty when the copies were looked at instead).
+    held: Vec<bool>,
+    dropped: u64,
+}
+
+/// A read of a batch that the tier passes below, with the versions of its blocks taken before.
+struct Passed {
+    /// Its place in the caller's batch.
+    at: usize,
+    /// Its first block and the blocks' tags, when the tier may keep what is read.
+    blocks: Option<(u64, SmallVec<[Tag; 4]>)>,
 }
 
 impl BlockDev for RamTier {
@@ -294,6 +351,100 @@ impl BlockDev for RamTier {
         self.write_marked(offset, buf.len() as u64, Some(buf), || {
             self.below.write_at(buf, offset, fua)
         })
+    }
+
+    fn read_batch_max(&self) -> usize {
+        self.below.read_batch_max()
+    }
+
+    /// Reads whose every block has a copy are answered here; the others go below as one batch
+    /// (what it leaves, the caller reads through [`BlockDev::read_at`] here), and their blocks
+    /// are kept as a read miss's are.
+    fn read_batch(&self, reads: &mut [BatchRead<'_>], leave: &mut dyn FnMut(&[usize])) {
+        if self.below.read_batch_max() < 2 {
+            (0..reads.len()).for_each(|i| leave(&[i]));
+            return;
+        }
+        let c = &self.counters;
+        let mut passed: SmallVec<[Passed; 8]> = SmallVec::new();
+        for (at, r) in reads.iter_mut().enumerate() {
+            let Some((first, n)) = Self::blocks_of(r.offset, r.buf.len()) else {
+                bump(&c.bypassed_requests, 1);
+                passed.push(Passed { at, blocks: None });
+                continue;
+            };
+            // Versions first, as for `read_at`.
+            let tags: SmallVec<[Tag; 4]> = (0..n as u64)
+                .map(|i| self.versions.tag(first + i))
+                .collect();
+            bump(&c.lookup_blocks, n as u64);
+            if self.read_copies(r.buf, first, &tags) {
+                bump(&c.hit_blocks, n as u64);
+                r.result = Some(Ok(()));
+            } else {
+                passed.push(Passed {
+                    at,
+                    blocks: Some((first, tags)),
+                });
+            }
+        }
+        if passed.is_empty() {
+            return;
+        }
+        // The reads passed below borrow the callers' buffers, given back afterwards.
+        let mut below: SmallVec<[BatchRead<'_>; 8]> = passed
+            .iter()
+            .map(|p| {
+                let r = &mut reads[p.at];
+                BatchRead::new(std::mem::take(&mut r.buf), r.offset)
+            })
+            .collect();
+        self.below.read_batch(&mut below, &mut |left| {
+            let places: SmallVec<[usize; 8]> = left.iter().map(|&j| passed[j].at).collect();
+            leave(&places);
+        });
+        let (mut kept, mut evicted, mut missed) = (0, 0, 0);
+        for (p, b) in passed.iter().zip(below) {
+            let r = &mut reads[p.at];
+            r.buf = b.buf;
+            r.result = b.result;
+            let (Some((first, tags)), Some(Ok(()))) = (&p.blocks, &r.result) else {
+                continue;
+            };
+            missed += tags.len() as u64;
+            for (i, &tag) in tags.iter().enumerate().filter(|(_, t)| t.quiet()) {
+                let (k, e) = self.keep(first + i as u64, tag, &r.buf[i * BLOCK..(i + 1) * BLOCK]);
+                kept += u64::from(k);
+                evicted += u64::from(e);
+            }
+        }
+        bump(&c.miss_blocks, missed);
+        bump(&c.inserted_blocks, kept);
+        self.ship_evictions(evicted);
+    }
+
+    fn write_batch_max(&self) -> usize {
+        self.below.write_batch_max()
+    }
+
+    /// Marks every write's blocks (dropping their copies), hands the batch below, and ends each
+    /// mark as `write_at` does; a write left below ends with no data (the caller writes it
+    /// through [`BlockDev::write_at`] here).
+    fn write_batch(&self, writes: &mut [BatchWrite<'_>]) {
+        if self.below.write_batch_max() < 2 {
+            return;
+        }
+        let marks: SmallVec<[Option<Marked>; 8]> = writes
+            .iter()
+            .map(|w| (!w.buf.is_empty()).then(|| self.mark(w.offset, w.buf.len() as u64)))
+            .collect();
+        self.below.write_batch(writes);
+        for (w, m) in writes.iter().zip(marks) {
+            if let Some(m) = m {
+                let written = matches!(w.result, Some(Ok(()))).then_some(w.buf);
+                self.unmark(m, written);
+            }
+        }
     }
 
     fn write_vectored_at(&self, bufs: &[&[u8]], offset: u64) -> io::Result<()> {

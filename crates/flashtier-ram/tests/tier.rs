@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 
-use flashtier_io::{BlockDev, DevInfo, Extent, ZeroOpts};
+use flashtier_io::{BatchRead, BatchWrite, BlockDev, DevInfo, Extent, ZeroOpts};
 use flashtier_ram::{EvictionSink, RamPolicy, RamTier};
 use flashtier_testkit::stamp::{content, version_of};
 use flashtier_testkit::{FaultDev, MemDev};
@@ -16,11 +16,13 @@ use parking_lot::Mutex;
 const B: usize = 4096;
 
 /// A device that counts the reads reaching it and, when `jitter` is set, pauses a little before
-/// and after each request so that requests overlap in every order.
+/// and after each request so that requests overlap in every order. It serves batches when the
+/// device inside does, leaving every second request of a batch when `picky` is set.
 struct Below {
     inner: Arc<dyn BlockDev>,
     reads: AtomicU64,
     jitter: bool,
+    picky: bool,
     rng: AtomicU64,
 }
 
@@ -30,7 +32,18 @@ impl Below {
             inner,
             reads: AtomicU64::new(0),
             jitter,
+            picky: false,
             rng: AtomicU64::new(0x2545_f491_4f6c_dd1d),
+        })
+    }
+
+    fn picky(inner: Arc<dyn BlockDev>) -> Arc<Below> {
+        Arc::new(Below {
+            inner,
+            reads: AtomicU64::new(0),
+            jitter: false,
+            picky: true,
+            rng: AtomicU64::new(1),
         })
     }
 
@@ -70,6 +83,34 @@ impl BlockDev for Below {
     }
     fn write_at(&self, buf: &[u8], offset: u64, fua: bool) -> io::Result<()> {
         self.around(|| self.inner.write_at(buf, offset, fua))
+    }
+    fn read_batch_max(&self) -> usize {
+        self.inner.read_batch_max()
+    }
+    fn read_batch(&self, reads: &mut [BatchRead<'_>], leave: &mut dyn FnMut(&[usize])) {
+        if !self.picky {
+            self.reads.fetch_add(reads.len() as u64, Ordering::Relaxed);
+            return self.around(|| self.inner.read_batch(reads, leave));
+        }
+        for (i, r) in reads.iter_mut().enumerate() {
+            if i % 2 == 1 {
+                leave(&[i]);
+            } else {
+                self.reads.fetch_add(1, Ordering::Relaxed);
+                r.result = Some(self.inner.read_at(r.buf, r.offset));
+            }
+        }
+    }
+    fn write_batch_max(&self) -> usize {
+        self.inner.write_batch_max()
+    }
+    fn write_batch(&self, writes: &mut [BatchWrite<'_>]) {
+        if !self.picky {
+            return self.around(|| self.inner.write_batch(writes));
+        }
+        for w in writes.iter_mut().step_by(2) {
+            w.result = Some(self.inner.write_at(w.buf, w.offset, false));
+        }
     }
     fn flush(&self) -> io::Result<()> {
         self.inner.flush()
@@ -286,11 +327,188 @@ fn memory_is_bounded_by_the_size_and_counted() {
 /// through a device that pauses at random so that every interleaving happens. A read must see,
 /// for each page, one version in all its blocks (never torn), no older than the last write
 /// acknowledged before the read began and no newer than the last write begun before it ended.
+fn batching_tier(below: Arc<Below>, ram_blocks: u64) -> RamTier {
+    RamTier::new(below, ram_blocks * B as u64, RamPolicy::Lru, None)
+}
+
+/// Serves `reads` (block, blocks) as one batch; the versions read, per read, and which were left.
+fn read_batch(t: &RamTier, reads: &[(u64, usize)]) -> (Vec<Vec<u64>>, Vec<usize>) {
+    let mut bufs: Vec<Vec<u8>> = reads.iter().map(|&(_, n)| vec![0; n * B]).collect();
+    let mut left = Vec::new();
+    let mut batch: Vec<BatchRead> = bufs
+        .iter_mut()
+        .zip(reads)
+        .map(|(buf, &(block, _))| BatchRead::new(buf, block * B as u64))
+        .collect();
+    t.read_batch(&mut batch, &mut |l| left.extend_from_slice(l));
+    let served: Vec<bool> = batch.iter().map(|r| r.result.is_some()).collect();
+    for r in &batch {
+        if let Some(res) = &r.result {
+            res.as_ref().unwrap();
+        }
+    }
+    drop(batch);
+    let versions = bufs
+        .iter()
+        .zip(reads)
+        .zip(served)
+        .map(|((buf, &(block, n)), served)| {
+            if !served {
+                return Vec::new();
+            }
+            (0..n)
+                .map(|i| version_of(&buf[i * B..(i + 1) * B], block + i as u64))
+                .collect()
+        })
+        .collect();
+    (versions, left)
+}
+
+#[test]
+fn a_batch_of_reads_is_answered_from_memory_where_it_can_and_below_as_one_batch() {
+    let below = Below::new(Arc::new(MemDev::new(64 * B).batching()), false);
+    for block in 0..8 {
+        below
+            .inner
+            .write_at(&content(block, 1), block * B as u64, false)
+            .unwrap();
+    }
+    let t = batching_tier(below.clone(), 16);
+    assert_eq!(t.read_batch_max(), below.read_batch_max());
+    let reads = [(0, 1), (2, 2), (6, 1)];
+    let (got, left) = read_batch(&t, &reads);
+    assert_eq!(got, vec![vec![1], vec![1, 1], vec![1]]);
+    assert!(left.is_empty());
+    assert_eq!(below.reads.load(Ordering::Relaxed), 3, "one batch below");
+    let s = t.stats();
+    assert_eq!(
+        (
+            s.lookup_blocks,
+            s.hit_blocks,
+            s.miss_blocks,
+            s.inserted_blocks
+        ),
+        (4, 0, 4, 4),
+        "{s:?}"
+    );
+    // Again, with a read not whole blocks beside them: only that one goes below, not kept.
+    let mut odd = vec![0u8; 100];
+    let mut hits: Vec<Vec<u8>> = vec![vec![0; B], vec![0; 2 * B], vec![0; B]];
+    let mut batch: Vec<BatchRead> = hits
+        .iter_mut()
+        .zip(reads)
+        .map(|(buf, (block, _))| BatchRead::new(buf, block * B as u64))
+        .collect();
+    batch.push(BatchRead::new(&mut odd, 5 * B as u64 + 1));
+    t.read_batch(&mut batch, &mut |_| panic!("nothing is left"));
+    assert!(batch.iter().all(|r| matches!(r.result, Some(Ok(())))));
+    drop(batch);
+    assert_eq!(&odd[..], &content(5, 1)[1..101]);
+    assert_eq!(version_of(&hits[1][B..], 3), 1);
+    assert_eq!(
+        below.reads.load(Ordering::Relaxed),
+        4,
+        "only the odd read went below"
+    );
+    let s = t.stats();
+    assert_eq!(
+        (s.hit_blocks, s.bypassed_requests, s.inserted_blocks),
+        (4, 1, 4),
+        "{s:?}"
+    );
+}
+
+#[test]
+fn a_batch_of_writes_replaces_hot_copies_as_writes_one_by_one_do() {
+    let below = Below::new(Arc::new(MemDev::new(64 * B).batching()), false);
+    let t = batching_tier(below.clone(), 16);
+    assert_eq!(t.write_batch_max(), below.write_batch_max());
+    for block in 0..4 {
+        t.write_at(&content(block, 1), block * B as u64, false)
+            .unwrap();
+    }
+    read(&t, 0, 2); // blocks 0 and 1 hot
+    let data: Vec<Vec<u8>> = (0..4).map(|block| content(block, 2)).collect();
+    let mut batch: Vec<BatchWrite> = data
+        .iter()
+        .enumerate()
+        .map(|(block, d)| BatchWrite::new(d, (block * B) as u64))
+        .collect();
+    t.write_batch(&mut batch);
+    assert!(batch.iter().all(|w| matches!(w.result, Some(Ok(())))));
+    let reads = below.reads.load(Ordering::Relaxed);
+    assert_eq!(version_of(&read(&t, 0, 1), 0), 2);
+    assert_eq!(version_of(&read(&t, 1, 1), 1), 2);
+    assert_eq!(
+        below.reads.load(Ordering::Relaxed),
+        reads,
+        "the hot blocks' copies hold the batch's data"
+    );
+    assert_eq!(
+        version_of(&read(&t, 2, 1), 2),
+        2,
+        "a cold block reads below"
+    );
+    let s = t.stats();
+    assert_eq!((s.updated_blocks, s.invalidated_blocks), (2, 0), "{s:?}");
+}
+
+/// What the device below leaves, the tier leaves too, without a copy that could be older than
+/// the write the caller then makes through it.
+#[test]
+fn what_the_device_below_leaves_is_left_to_the_caller_without_a_stale_copy() {
+    let below = Below::picky(Arc::new(MemDev::new(64 * B).batching()));
+    let t = batching_tier(below.clone(), 16);
+    for block in 0..4 {
+        t.write_at(&content(block, 1), block * B as u64, false)
+            .unwrap();
+    }
+    read(&t, 0, 2);
+    let data: Vec<Vec<u8>> = (0..2).map(|block| content(block, 2)).collect();
+    let mut batch: Vec<BatchWrite> = data
+        .iter()
+        .enumerate()
+        .map(|(block, d)| BatchWrite::new(d, (block * B) as u64))
+        .collect();
+    t.write_batch(&mut batch);
+    assert!(matches!(batch[0].result, Some(Ok(()))));
+    assert!(batch[1].result.is_none(), "left below, left here");
+    assert_eq!(version_of(&read(&t, 0, 1), 0), 2);
+    let reads = below.reads.load(Ordering::Relaxed);
+    assert_eq!(version_of(&read(&t, 1, 1), 1), 1, "not written yet");
+    assert_eq!(
+        below.reads.load(Ordering::Relaxed),
+        reads + 1,
+        "its copy was dropped"
+    );
+    t.write_at(&data[1], B as u64, false).unwrap();
+    assert_eq!(version_of(&read(&t, 1, 1), 1), 2);
+
+    // Reads: the first is in memory, the other two go below, which leaves its second: the
+    // caller's third, named by its place in the caller's batch.
+    let (got, left) = read_batch(&t, &[(0, 1), (2, 1), (3, 1)]);
+    assert_eq!(left, vec![2]);
+    assert_eq!(got, vec![vec![2], vec![1], vec![]]);
+}
+
 #[test]
 fn concurrent_reads_and_writes_never_see_old_or_torn_pages() {
+    concurrent_reads_and_writes(false);
+}
+
+/// The same through the batched paths: writers hand pages (whole, or as two halves) to
+/// `write_batch`, readers read their pages as one `read_batch`.
+#[test]
+fn concurrent_batches_never_see_old_or_torn_pages() {
+    concurrent_reads_and_writes(true);
+}
+
+fn concurrent_reads_and_writes(batches: bool) {
     const PAGES: u64 = 48;
     const PAGE: u64 = 4;
-    let below = Below::new(Arc::new(MemDev::new((PAGES * PAGE) as usize * B)), true);
+    let mem = MemDev::new((PAGES * PAGE) as usize * B);
+    let mem = if batches { mem.batching() } else { mem };
+    let below = Below::new(Arc::new(mem), true);
     // A quarter of the pages fit: evictions, misses and hits all happen.
     let t = Arc::new(RamTier::new(
         below.clone(),
@@ -337,14 +555,32 @@ fn concurrent_reads_and_writes_never_see_old_or_torn_pages() {
                     let v = begun[p as usize].load(Ordering::SeqCst) + 1;
                     begun[p as usize].store(v, Ordering::SeqCst);
                     let at = p * PAGE * B as u64;
+                    let bytes = page_bytes(p, v);
                     match next() % 8 {
+                        // Two halves in one batch (the device below writes them in order).
+                        0 | 1 if batches => {
+                            let (first, second) = bytes.split_at(2 * B);
+                            let mut halves = [
+                                BatchWrite::new(first, at),
+                                BatchWrite::new(second, at + 2 * B as u64),
+                            ];
+                            t.write_batch(&mut halves);
+                            for w in &halves {
+                                assert!(matches!(w.result, Some(Ok(()))), "a batched write failed");
+                            }
+                        }
+                        2 | 3 if batches => {
+                            let mut whole = [BatchWrite::new(&bytes, at)];
+                            t.write_batch(&mut whole);
+                            assert!(matches!(whole[0].result, Some(Ok(()))));
+                        }
                         // A part of the page: the rest keeps its blocks, so rewrite it all after.
                         0 => {
-                            t.write_at(&page_bytes(p, v)[..2 * B], at, false).unwrap();
-                            t.write_at(&page_bytes(p, v)[2 * B..], at + 2 * B as u64, false)
+                            t.write_at(&bytes[..2 * B], at, false).unwrap();
+                            t.write_at(&bytes[2 * B..], at + 2 * B as u64, false)
                                 .unwrap();
                         }
-                        _ => t.write_at(&page_bytes(p, v), at, next() % 2 == 0).unwrap(),
+                        _ => t.write_at(&bytes, at, next() % 2 == 0).unwrap(),
                     }
                     acked[p as usize].store(v, Ordering::SeqCst);
                 }
@@ -369,7 +605,19 @@ fn concurrent_reads_and_writes_never_see_old_or_torn_pages() {
                         .map(|p| acked[p as usize].load(Ordering::SeqCst))
                         .collect();
                     let mut buf = vec![0; (n * PAGE) as usize * B];
-                    t.read_at(&mut buf, first * PAGE * B as u64).unwrap();
+                    if batches {
+                        let mut reads: Vec<BatchRead> = buf
+                            .chunks_mut(PAGE as usize * B)
+                            .zip(first..)
+                            .map(|(page, p)| BatchRead::new(page, p * PAGE * B as u64))
+                            .collect();
+                        t.read_batch(&mut reads, &mut |_| panic!("the device takes all"));
+                        for r in &reads {
+                            assert!(matches!(r.result, Some(Ok(()))), "a batched read failed");
+                        }
+                    } else {
+                        t.read_at(&mut buf, first * PAGE * B as u64).unwrap();
+                    }
                     for (i, p) in (first..first + n).enumerate() {
                         let ceiling = begun[p as usize].load(Ordering::SeqCst);
                         let page = &buf[i * (PAGE as usize) * B..][..PAGE as usize * B];
