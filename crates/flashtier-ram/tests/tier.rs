@@ -418,24 +418,34 @@ fn a_batch_of_reads_is_answered_from_memory_where_it_can_and_below_as_one_batch(
     );
 }
 
+/// Writes version 1 of blocks 0..4, reads blocks 0 and 1 (so they are in memory), then writes
+/// version 2 of blocks `0..blocks` as one batch; per write, whether it was done and succeeded.
+fn warm_then_write_batch(t: &RamTier, blocks: u64) -> Vec<Option<bool>> {
+    for block in 0..4 {
+        t.write_at(&content(block, 1), block * B as u64, false)
+            .unwrap();
+    }
+    read(t, 0, 2);
+    let data: Vec<Vec<u8>> = (0..blocks).map(|block| content(block, 2)).collect();
+    let mut batch: Vec<BatchWrite> = data
+        .iter()
+        .zip(0..)
+        .map(|(d, block)| BatchWrite::new(d, block * B as u64))
+        .collect();
+    t.write_batch(&mut batch);
+    batch
+        .iter()
+        .map(|w| w.result.as_ref().map(|r| r.is_ok()))
+        .collect()
+}
+
 #[test]
 fn a_batch_of_writes_replaces_hot_copies_as_writes_one_by_one_do() {
     let below = Below::new(Arc::new(MemDev::new(64 * B).batching()), false);
     let t = batching_tier(below.clone(), 16);
     assert_eq!(t.write_batch_max(), below.write_batch_max());
-    for block in 0..4 {
-        t.write_at(&content(block, 1), block * B as u64, false)
-            .unwrap();
-    }
-    read(&t, 0, 2); // blocks 0 and 1 hot
-    let data: Vec<Vec<u8>> = (0..4).map(|block| content(block, 2)).collect();
-    let mut batch: Vec<BatchWrite> = data
-        .iter()
-        .enumerate()
-        .map(|(block, d)| BatchWrite::new(d, (block * B) as u64))
-        .collect();
-    t.write_batch(&mut batch);
-    assert!(batch.iter().all(|w| matches!(w.result, Some(Ok(())))));
+    let done = warm_then_write_batch(&t, 4);
+    assert_eq!(done, vec![Some(true); 4]);
     let reads = below.reads.load(Ordering::Relaxed);
     assert_eq!(version_of(&read(&t, 0, 1), 0), 2);
     assert_eq!(version_of(&read(&t, 1, 1), 1), 2);
@@ -459,20 +469,8 @@ fn a_batch_of_writes_replaces_hot_copies_as_writes_one_by_one_do() {
 fn what_the_device_below_leaves_is_left_to_the_caller_without_a_stale_copy() {
     let below = Below::picky(Arc::new(MemDev::new(64 * B).batching()));
     let t = batching_tier(below.clone(), 16);
-    for block in 0..4 {
-        t.write_at(&content(block, 1), block * B as u64, false)
-            .unwrap();
-    }
-    read(&t, 0, 2);
-    let data: Vec<Vec<u8>> = (0..2).map(|block| content(block, 2)).collect();
-    let mut batch: Vec<BatchWrite> = data
-        .iter()
-        .enumerate()
-        .map(|(block, d)| BatchWrite::new(d, (block * B) as u64))
-        .collect();
-    t.write_batch(&mut batch);
-    assert!(matches!(batch[0].result, Some(Ok(()))));
-    assert!(batch[1].result.is_none(), "left below, left here");
+    let done = warm_then_write_batch(&t, 2);
+    assert_eq!(done, vec![Some(true), None], "left below, left here");
     assert_eq!(version_of(&read(&t, 0, 1), 0), 2);
     let reads = below.reads.load(Ordering::Relaxed);
     assert_eq!(version_of(&read(&t, 1, 1), 1), 1, "not written yet");
@@ -481,7 +479,7 @@ fn what_the_device_below_leaves_is_left_to_the_caller_without_a_stale_copy() {
         reads + 1,
         "its copy was dropped"
     );
-    t.write_at(&data[1], B as u64, false).unwrap();
+    t.write_at(&content(1, 2), B as u64, false).unwrap();
     assert_eq!(version_of(&read(&t, 1, 1), 1), 2);
 
     // Reads: the first is in memory, the other two go below, which leaves its second: the
