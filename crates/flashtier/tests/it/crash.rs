@@ -32,7 +32,8 @@
 //!
 //! `kill_9_write_through_with_racing_writes` runs the same cycles all in write-through mode;
 //! `kill_9_with_pipelined_writes` all in write-back with one connection of 8 threads, so that
-//! small WRITEs arrive together and are logged as a group.
+//! small WRITEs arrive together and are logged as a group, every second cycle with a RAM tier
+//! (`--ram-cache 8M`) in front of the cache, which the batches pass through.
 //!
 //! FLASHTIER_LONG=1 runs 500 cycles instead of 20 (100 instead of 10 for the other two);
 //! FLASHTIER_CRASH_SEED=N repeats a seed (the kill timing still varies);
@@ -708,7 +709,12 @@ struct Files {
 }
 
 fn start(f: &Files, mode: &str) -> Server {
-    Server::start(&[
+    start_with(f, mode, &[])
+}
+
+/// [`start`] with more serve options.
+fn start_with(f: &Files, mode: &str, extra: &[&str]) -> Server {
+    let mut args = vec![
         "--cache",
         path_str(&f.cache),
         "--backing",
@@ -724,18 +730,21 @@ fn start(f: &Files, mode: &str) -> Server {
         "120",
         "--control-socket",
         path_str(&f.control),
-    ])
+    ];
+    args.extend_from_slice(extra);
+    Server::start(&args)
 }
 
-/// The server's `batched_writes` counter (WRITEs it took in a batch since it started), or
-/// `None` when `flashtier stats` could not ask it.
-fn batched_writes(f: &Files) -> Option<u64> {
+/// The server's `batched_writes` counter (WRITEs it took in a batch since it started) and its
+/// RAM tier's hit blocks (0 without one), or `None` when `flashtier stats` could not ask it.
+fn batched_writes_and_ram_hits(f: &Files) -> Option<(u64, u64)> {
     let out = harness::ctl(&f.control, &["stats", "--json"]);
     if !out.status.success() {
         return None;
     }
     let stats: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
-    stats["counters"]["batched_writes"].as_u64()
+    let batched = stats["counters"]["batched_writes"].as_u64()?;
+    Some((batched, stats["ram"]["counters"]["hit_blocks"].as_u64().unwrap_or(0)))
 }
 
 /// Fails the test, keeping the files for a post-mortem.
@@ -759,6 +768,9 @@ struct Plan {
     /// The cycles must have reached the server's write batches (`batched_writes`), which only
     /// pipelined WRITEs do: a test meant for them that stopped reaching them would pass unseen.
     needs_batched_writes: bool,
+    /// Every second cycle serves with a RAM tier (`--ram-cache`) in front of the cache, which
+    /// the batches pass through.
+    ram_tier: bool,
 }
 
 /// FLASHTIER_CRASH_TERM_PERCENT=N ends N% of the cycles with SIGTERM instead of kill -9.
@@ -779,6 +791,7 @@ fn kill_9_under_verifying_workload() {
         connections: CONNECTIONS,
         threads_per_connection: THREADS_PER_CONNECTION,
         needs_batched_writes: false,
+        ram_tier: false,
     });
 }
 
@@ -796,13 +809,15 @@ fn kill_9_write_through_with_racing_writes() {
         connections: CONNECTIONS,
         threads_per_connection: THREADS_PER_CONNECTION,
         needs_batched_writes: false,
+        ram_tier: false,
     });
 }
 
 /// The same crash cycles in write-back mode with one connection of 8 threads: up to 8 requests
 /// in flight on it, so small WRITEs arrive together and the server logs them as one group
 /// (`transmission/batch.rs`, `cache/write_batch.rs`), acknowledging them in one write. With 2
-/// threads a connection (above) that path is seldom taken.
+/// threads a connection (above) that path is seldom taken. Every second cycle has a RAM tier in
+/// front of the cache (the batches pass through it: `flashtier-ram`'s `tier.rs`).
 #[test]
 fn kill_9_with_pipelined_writes() {
     let long = std::env::var("FLASHTIER_LONG").is_ok_and(|v| v == "1");
@@ -813,6 +828,7 @@ fn kill_9_with_pipelined_writes() {
         connections: 1,
         threads_per_connection: 8,
         needs_batched_writes: true,
+        ram_tier: true,
     });
 }
 
@@ -862,14 +878,23 @@ fn crash_cycles(plan: Plan) {
             "writeback"
         }
     };
+    // A RAM tier small beside the hot set, so it hits, misses and evicts.
+    let ram = |cycle: u32| -> &'static [&'static str] {
+        if plan.ram_tier && cycle % 2 == 1 {
+            &["--ram-cache", "8M"]
+        } else {
+            &[]
+        }
+    };
     let mut mode = pick_mode(&mut rng);
-    let mut server = start(&f, mode);
+    let mut server = start_with(&f, mode, ram(0));
+    let mut ram_cycles = 0;
     let mut total = Tally::default();
     let (mut kills, mut terms, mut recoveries, mut replayed) = (0u64, 0u64, 0u64, 0u64);
     let mut writethrough_cycles = 0;
     let mut big_cycles = 0;
     let mut verified_blocks = 0u64;
-    let mut batched = 0u64;
+    let (mut batched, mut ram_hits) = (0u64, 0u64);
 
     for cycle in 0..cycles {
         let stop = if rng.below(100) < plan.term_percent {
@@ -929,9 +954,12 @@ fn crash_cycles(plan: Plan) {
             stacks
         });
         if plan.needs_batched_writes && hung.is_none() {
-            batched += batched_writes(&f)
+            let (b, r) = batched_writes_and_ram_hits(&f)
                 .unwrap_or_else(|| fail(&dir, format!("cycle {cycle}: `flashtier stats` failed")));
+            batched += b;
+            ram_hits += r;
         }
+        ram_cycles += !ram(cycle).is_empty() as u32;
         sh.crashing.store(true, SeqCst);
         let status = server.signal_and_wait(match (stop, &hung) {
             (Stop::Kill, _) | (_, Some(_)) => libc::SIGKILL,
@@ -1021,7 +1049,7 @@ fn crash_cycles(plan: Plan) {
         // Restart on the same files, in the next cycle's mode.
         let next_mode = pick_mode(&mut rng);
         let t1 = Instant::now();
-        server = start(&f, next_mode);
+        server = start_with(&f, next_mode, ram(cycle + 1));
         let restart = t1.elapsed();
         let log = server.log();
         let recovered = log.contains("cache recovered after an unclean shutdown");
@@ -1190,10 +1218,17 @@ fn crash_cycles(plan: Plan) {
         "every kill -9 must be followed by a recovery"
     );
     if plan.needs_batched_writes {
-        println!("crash: {batched} writes taken in batches before the crashes");
+        println!(
+            "crash: {batched} writes taken in batches before the crashes; {ram_cycles} cycles \
+             with a RAM tier, which answered {ram_hits} blocks"
+        );
         assert!(
             batched > 0,
             "no cycle reached the server's write batches: the test no longer tests them"
+        );
+        assert!(
+            ram_cycles == 0 || ram_hits > 0,
+            "the RAM tier answered nothing in {ram_cycles} cycles"
         );
     }
 }
