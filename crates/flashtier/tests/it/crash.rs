@@ -744,7 +744,10 @@ fn batched_writes_and_ram_hits(f: &Files) -> Option<(u64, u64)> {
     }
     let stats: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
     let batched = stats["counters"]["batched_writes"].as_u64()?;
-    Some((batched, stats["ram"]["counters"]["hit_blocks"].as_u64().unwrap_or(0)))
+    Some((
+        batched,
+        stats["ram"]["counters"]["hit_blocks"].as_u64().unwrap_or(0),
+    ))
 }
 
 /// Fails the test, keeping the files for a post-mortem.
