@@ -38,7 +38,10 @@
 //! FLASHTIER_LONG=1 runs 500 cycles instead of 20 (100 instead of 10 for the other two);
 //! FLASHTIER_CRASH_SEED=N repeats a seed (the kill timing still varies);
 //! FLASHTIER_CRASH_TERM_PERCENT=N ends N% of the cycles with SIGTERM (default 15) instead of
-//! kill -9.
+//! kill -9. FLASHTIER_CRASH_STALL_MS=N fails a cycle in which any request took longer than N ms
+//! (keeping the files and the server's logs), and FLASHTIER_CRASH_LOG=LEVEL runs the servers at
+//! that log level (e.g. `debug`): how to catch a seconds-long stall, which the test otherwise
+//! tolerates up to `HUNG_AFTER`.
 
 use std::fs;
 use std::path::PathBuf;
@@ -187,6 +190,8 @@ struct ThreadLog {
     flushes: u64,
     /// Slowest request answered, and when it was sent (since the workload started).
     slowest: (Duration, Duration),
+    /// What that request was (READ, WRITE, FLUSH).
+    slowest_kind: &'static str,
     /// An I/O error before the crash, or garbage read.
     failure: Option<String>,
     /// The request the thread is waiting for, if any.
@@ -338,10 +343,11 @@ fn worker(
             r
         };
         let mut l = log.lock().unwrap();
-        l.in_flight = None;
+        let kind = l.in_flight.take().unwrap_or("?");
         if result.is_ok() {
             sh.last_reply_ms.fetch_max(sh.now_ms(), SeqCst);
             if sent.elapsed() > l.slowest.0 {
+                l.slowest_kind = kind;
                 l.slowest = (sent.elapsed(), sent - started);
             }
         }
@@ -732,7 +738,10 @@ fn start_with(f: &Files, mode: &str, extra: &[&str]) -> Server {
         path_str(&f.control),
     ];
     args.extend_from_slice(extra);
-    Server::start(&args)
+    match std::env::var("FLASHTIER_CRASH_LOG") {
+        Ok(level) => Server::start_with_env(&args, &[("FLASHTIER_LOG", &level)]),
+        Err(_) => Server::start(&args),
+    }
 }
 
 /// The server's `batched_writes` counter (WRITEs it took in a batch since it started) and its
@@ -774,6 +783,15 @@ struct Plan {
     /// Every second cycle serves with a RAM tier (`--ram-cache`) in front of the cache, which
     /// the batches pass through.
     ram_tier: bool,
+}
+
+/// FLASHTIER_CRASH_STALL_MS=N fails a cycle in which a request took longer than N ms (off by
+/// default: the test tolerates stalls up to `HUNG_AFTER`).
+fn stall_limit() -> Option<Duration> {
+    std::env::var("FLASHTIER_CRASH_STALL_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_millis)
 }
 
 /// FLASHTIER_CRASH_TERM_PERCENT=N ends N% of the cycles with SIGTERM instead of kill -9.
@@ -1014,13 +1032,29 @@ fn crash_cycles(plan: Plan) {
             );
         }
         let ran = t0.elapsed();
+        if let Some(limit) = stall_limit() {
+            let worst = thread_logs.iter().max_by_key(|l| l.slowest.0);
+            if let Some(w) = worst.filter(|w| w.slowest.0 > limit) {
+                fail(
+                    &dir,
+                    format!(
+                        "cycle {cycle}: a {} took {:?} (sent {:?} into the cycle), over \
+                         FLASHTIER_CRASH_STALL_MS; the server's log is logs/cycle-{cycle}.log",
+                        w.slowest_kind, w.slowest.0, w.slowest.1
+                    ),
+                );
+            }
+        }
 
         let mut writes: Vec<Write> = Vec::new();
         let mut reads: Vec<ReadObs> = Vec::new();
         let mut flushes = 0;
         let mut slowest = (Duration::ZERO, Duration::ZERO);
+        let mut slowest_kind = "-";
         for l in thread_logs {
-            slowest = slowest.max(l.slowest);
+            if l.slowest > slowest {
+                (slowest, slowest_kind) = (l.slowest, l.slowest_kind);
+            }
             if let Some(why) = l.failure {
                 fail(
                     &dir,
@@ -1130,7 +1164,7 @@ fn crash_cycles(plan: Plan) {
         verified_blocks += DISK_BLOCKS;
         println!(
             "cycle {cycle:3}: {mode:12} {:4} {:>5} MiB set, {:5} ms: {:5} writes ({} acked, {} \
-             durable, {} in flight/{} landed, {} acked lost), {} flushes, {} reads, slowest {} ms \
+             durable, {} in flight/{} landed, {} acked lost), {} flushes, {} reads, slowest {} ms {slowest_kind} \
              (sent at {} ms); restart {} ms (replayed {}), verify {} ms",
             format!("{stop:?}"),
             working_set * BS as u64 / MIB,
