@@ -942,6 +942,17 @@ impl Writer {
                 // Whatever is left after a batch (if anything) can always hold a seal.
                 Some(h) if h.used + needed <= bps => return Ok(h),
                 Some(h) => {
+                    // A client batch that could not open the next segment anyway keeps the head:
+                    // sealed now, the head's room would be lost and the segment, holding only
+                    // what reclaim had just moved into it, would be reclaim's next victim. That
+                    // was a livelock: reclaim moved a few blocks from segment to segment, each
+                    // sealed almost empty by the same waiting batch, two checkpoints a round,
+                    // while no client write completed for up to 10 s
+                    // (bench/results/reclaim_livelock/). Retried, the batch is sized to the
+                    // head's room.
+                    if !system && self.e.state.read().segs.free_count() <= RESERVE {
+                        return Err(NoSpace::Blocked);
+                    }
                     if h.used < bps {
                         self.write_seal(h).map_err(NoSpace::Failed)?;
                         Stats::add(&self.e.stats.sealed_unused_blocks, u64::from(bps - h.used));
@@ -1626,5 +1637,43 @@ mod tests {
         w.run_ops();
         assert!(t.wait().is_ok());
         assert_eq!(w.e.stats.sealed_unused_blocks.load(Ordering::Relaxed), 5);
+    }
+
+    /// A client batch that does not fit the head when only the reserve is free waits without
+    /// sealing the head (bench/results/reclaim_livelock/: sealing it made it reclaim's next
+    /// victim, round after round, while the batch kept waiting).
+    #[test]
+    fn a_client_batch_waiting_for_space_keeps_the_head() {
+        let mut w = idle_writer();
+        let bps = w.e.geo.blocks_per_segment();
+        queue_write(&mut w, 0, bps - 5);
+        w.run_ops();
+        let head = w.e.state.read().segs.head.expect("a head");
+        assert_eq!(head.used, bps - 4, "4 slots left");
+        {
+            let mut st = w.e.state.write();
+            while st.segs.free_count() > RESERVE {
+                let s = st.segs.next_free().unwrap();
+                st.segs.open_specific(s, 0);
+                st.segs.seal_head();
+            }
+            st.segs.set_head(head);
+        }
+        let t = queue_write(&mut w, 100, 6);
+        w.run_ops();
+        assert!(!t.is_done(), "no room: it waits for reclaim");
+        assert!(w.client_blocked);
+        assert_eq!(
+            w.e.state.read().segs.head,
+            Some(head),
+            "the head was sealed"
+        );
+        assert_eq!(w.e.stats.sealed_unused_blocks.load(Ordering::Relaxed), 0);
+        // A write that fits the head still goes in.
+        w.client_blocked = false;
+        w.client_pending.clear();
+        let small = queue_write(&mut w, 200, 2);
+        w.run_ops();
+        assert!(small.wait().is_ok());
     }
 }
