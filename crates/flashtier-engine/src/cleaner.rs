@@ -320,6 +320,9 @@ pub(crate) fn mark_clean(e: &Engine, blocks: &[DirtyBlock], generations: &[u64])
                 cleaned.push(*b);
             }
         }
+        if !cleaned.is_empty() {
+            e.log.hint_made();
+        }
         cleaned
     };
     let blocks = &cleaned[..];
@@ -336,6 +339,9 @@ pub(crate) fn mark_clean(e: &Engine, blocks: &[DirtyBlock], generations: &[u64])
             .aux(blocks[k].slot as u64);
         e.log.append_async(rec, true);
         k = m;
+    }
+    if !cleaned.is_empty() {
+        e.log.hint_queued();
     }
 }
 

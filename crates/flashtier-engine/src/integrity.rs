@@ -85,6 +85,7 @@ pub(crate) fn bad_block(e: &Engine, lba: u64, slot: u32, crc: u32, block: &mut [
             Some(false) => Verdict::Dropped,
             Some(true) => {
                 st.lost.insert(lba, 1);
+                e.log.hint_made();
                 Verdict::Lost
             }
         }
@@ -111,6 +112,7 @@ pub(crate) fn bad_block(e: &Engine, lba: u64, slot: u32, crc: u32, block: &mut [
             // Conditional on the slot, so a write that lands meanwhile is never undone by it.
             e.log
                 .append_async(Record::new(Kind::Lost, lba, 1, None).aux(slot as u64), true);
+            e.log.hint_queued();
         }
         Verdict::Repaired => unreachable!(),
     }

@@ -110,7 +110,7 @@ pub enum FormatError {
     #[error("not a flashtier cache (no flashtier superblock)")]
     NotACache,
     /// A cache written in a format version this build does not read.
-    #[error("cache format version {0} is not supported by this flashtier (it reads version {v})", v = layout::FORMAT_VERSION)]
+    #[error("cache format version {0} is not supported by this flashtier (it reads versions {old} to {v})", old = layout::OLDEST_READABLE_VERSION, v = layout::FORMAT_VERSION)]
     UnsupportedVersion(u32),
     /// Metadata that fails its checks (checksums, ranges); says what and where.
     #[error("cache metadata is damaged: {0}")]

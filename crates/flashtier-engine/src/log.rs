@@ -387,6 +387,18 @@ pub struct Log {
     pub(crate) failure: Mutex<Option<(String, Instant)>>,
     /// Sequence number of the last record applied (0: none yet).
     pub applied_seq: AtomicU64,
+    /// The seals the older checkpoint recovery may start from had seen at its snapshot, plus
+    /// one: reclaim may free a segment sealed before it (see `Segments::reusable`). 0 until a
+    /// checkpoint after opening is durable.
+    pub reuse_threshold: AtomicU64,
+    /// CLEANED and LOST records whose change the state already shows but which are not queued
+    /// yet (see [`Log::hint_made`]).
+    unqueued_hints: AtomicU64,
+    /// CLEANED and LOST records never written (no room, a failed write, a failed log): see
+    /// [`Log::hint_dropped`].
+    hints_dropped: AtomicU64,
+    /// `hints_dropped` at the snapshot of the older checkpoint recovery may start from.
+    hints_dropped_at_older: AtomicU64,
     /// Promotion data queued but not yet written, to bound memory.
     pub queued_promotion_bytes: AtomicU64,
     /// Where records' data buffers come from and return to once written.
@@ -410,6 +422,10 @@ impl Log {
             failed: AtomicBool::new(false),
             failure: Mutex::new(None),
             applied_seq: AtomicU64::new(0),
+            reuse_threshold: AtomicU64::new(0),
+            unqueued_hints: AtomicU64::new(0),
+            hints_dropped: AtomicU64::new(0),
+            hints_dropped_at_older: AtomicU64::new(0),
             queued_promotion_bytes: AtomicU64::new(0),
             buffers: BufPool::new(largest_record, POOLED_BYTES_PER_CLASS),
             leader: OnceLock::new(),
@@ -525,9 +541,60 @@ impl Log {
     /// Appends a record without waiting for it.
     pub fn append_async(&self, rec: Record, system: bool) {
         if self.failed() {
+            if matches!(rec.kind, Kind::Cleaned | Kind::Lost) {
+                self.hint_dropped();
+            }
             return;
         }
         self.push(system, Op::Append(rec, None));
+    }
+
+    /// A CLEANED or LOST record is about to be queued for a change just made to the state: call
+    /// under the state's write lock, with the change, and [`Log::hint_queued`] once the record is
+    /// queued (or dropped with a failed log). Those records are queued after the lock is
+    /// released, so reclaim could otherwise evict the block (clean now, or gone), free its
+    /// segment and have the log reuse it before the record is queued: replayed, the FREE record
+    /// would find the block still dirty there and lose it, and applied after the reuse, the
+    /// record (conditional on the slot) would clean or lose a newer write of the same block in
+    /// the same slot. Reclaim waits for [`Log::hints_queued`] before it frees segments.
+    pub(crate) fn hint_made(&self) {
+        self.unqueued_hints.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The record announced by [`Log::hint_made`] is queued.
+    pub(crate) fn hint_queued(&self) {
+        self.unqueued_hints.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// A CLEANED or LOST record will never be written, though the state shows its change (a
+    /// block clean, or lost). A checkpoint records that change; replay of the log alone would
+    /// not, and a FREE record replayed after it would find the block dirty in the segment it
+    /// frees and lose it (found by the integrity tests: CLEANED records refused for lack of room,
+    /// then blocks lost after a crash). So no FREE record is written until both checkpoints
+    /// recovery may start from were snapshotted after the last such loss.
+    pub(crate) fn hint_dropped(&self) {
+        self.hints_dropped.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub(crate) fn hints_dropped(&self) -> u64 {
+        self.hints_dropped.load(Ordering::Acquire)
+    }
+
+    /// A checkpoint is durable, and the one before it, snapshotted when `dropped` hints had been
+    /// dropped, is now the older one recovery may start from.
+    pub(crate) fn older_checkpoint_saw_hints_dropped(&self, dropped: u64) {
+        self.hints_dropped_at_older
+            .store(dropped, Ordering::Release);
+    }
+
+    /// Whether a FREE record may be written now (see [`Log::hint_dropped`]).
+    pub(crate) fn frees_allowed(&self) -> bool {
+        self.hints_dropped() == self.hints_dropped_at_older.load(Ordering::Acquire)
+    }
+
+    /// Whether every record announced by [`Log::hint_made`] is queued.
+    pub(crate) fn hints_queued(&self) -> bool {
+        self.unqueued_hints.load(Ordering::Acquire) == 0
     }
 
     /// Waits until everything appended before this call is durable on the cache device.

@@ -14,9 +14,19 @@
 //! their snapshot of the index corresponds to an exact position in the log; the snapshot is
 //! copy-on-write (`cow`), and a checkpoint thread encodes and writes it while this thread goes on
 //! appending. This thread syncs it afterwards (every sync stays here: a failed sync is seen by the
-//! one thread that knows what it may have lost), counts it and frees the segments that had aged by
-//! the snapshot (see `segments`). One checkpoint is in flight at a time; one asked for meanwhile
-//! follows it.
+//! one thread that knows what it may have lost), counts it and raises the threshold below which
+//! reclaim may free segments (see `segments`). One checkpoint is in flight at a time; one asked
+//! for meanwhile follows it.
+//!
+//! Reclaim frees segments with FREE records (see `segments`), which this thread applies like any
+//! other: the segment joins the free list. Before it opens a segment while a FREE record it wrote
+//! is not synced, it syncs (the record, and the MOVE records before it, must be durable before
+//! the segment is overwritten) and waits for the segment's reads in flight. The last free
+//! segment is kept for FREE records (and the CLEANED and LOST records that must come before
+//! them: see `Log::hint_dropped`), batches of a header and no data: another system batch that
+//! would have to open it is refused (reclaim's moves then fail as if the reserve were full), so
+//! reclaim can always free what it emptied. When a failed write took even that segment, the next
+//! checkpoint frees instead (see [`Writer::begin_checkpoint`]).
 //!
 //! Errors: a failed batch write fails its waiters and seals the segment over the failed batch, so
 //! recovery never stops in front of later, successful batches; if even that fails, or a sync
@@ -99,10 +109,13 @@ struct Job {
 struct InFlight {
     number: u64,
     next_seq: u64,
-    /// Quarantined segments released once the checkpoint is durable.
+    /// Segments sealed by the snapshot (see `Segments::reusable`).
+    seals: u64,
+    /// `Log::hints_dropped` at the snapshot.
+    hints_dropped: u64,
+    /// Quarantined segments the checkpoint frees once durable: only when the log had no room
+    /// left even for a FREE record (see [`Writer::begin_checkpoint`]).
     release: Vec<u32>,
-    /// Quarantined segments that age once it is durable (see `segments`).
-    age: Vec<u32>,
     /// `Writer::blocks_since_checkpoint` at the snapshot.
     blocks_at_snapshot: u64,
     waiters: Vec<Ticket>,
@@ -179,10 +192,18 @@ pub struct Writer {
     retry: Duration,
     last_checkpoint: Instant,
     checkpointed_seq: u64,
+    /// The seals the newest durable checkpoint had seen at its snapshot (0 for the one recovery
+    /// loaded): once a newer one is durable, segments sealed before it may be freed (see
+    /// `Segments::reusable`).
+    newest_checkpoint_seals: u64,
+    /// `Log::hints_dropped` at that snapshot.
+    newest_checkpoint_hints_dropped: u64,
+    /// A FREE record was written since the last sync: the next segment opened must wait for one.
+    free_unsynced: bool,
     /// Log blocks written since the last checkpoint: replay reads at most this much.
     blocks_since_checkpoint: u64,
     /// The checkpoint being written in the background, if any: one at a time, so slots
-    /// alternate and quarantined segments are released in order.
+    /// alternate.
     inflight: Option<InFlight>,
     /// A checkpoint was asked for (by `Log::checkpoint`, `request_checkpoint` or because one is
     /// due) that has not started yet: asked while one was in flight, whose snapshot is older than
@@ -406,6 +427,9 @@ impl Writer {
             } else {
                 start.next_seq
             },
+            newest_checkpoint_seals: 0,
+            newest_checkpoint_hints_dropped: 0,
+            free_unsynced: false,
             blocks_since_checkpoint: start.replayed_blocks,
             inflight: None,
             checkpoint_wanted: false,
@@ -658,7 +682,7 @@ impl Writer {
         for op in ops {
             match op {
                 Op::Append(r, w) => {
-                    self.release_promotion(&r);
+                    self.unwritten(&r);
                     complete(&w, Err(err.clone()));
                 }
                 Op::Sync(w, _) => w.complete(Err(err.clone())),
@@ -700,7 +724,14 @@ impl Writer {
             match op {
                 Op::Append(rec, w) => {
                     if self.log().failed() {
+                        self.unwritten(&rec);
                         complete(&w, self.log().check_failed().map(|()| DROPPED));
+                        continue;
+                    }
+                    if rec.kind == Kind::Free && !self.log().frees_allowed() {
+                        // A CLEANED or LOST record was lost since the older checkpoint's snapshot
+                        // (see `Log::hint_dropped`): reclaim frees it after checkpoints.
+                        complete(&w, Err(LogError::ReserveFull));
                         continue;
                     }
                     if !self.promotion_still_safe(&rec) {
@@ -787,6 +818,14 @@ impl Writer {
         }
     }
 
+    /// `rec` will not be written.
+    fn unwritten(&self, rec: &Record) {
+        self.release_promotion(rec);
+        if matches!(rec.kind, Kind::Cleaned | Kind::Lost) {
+            self.log().hint_dropped();
+        }
+    }
+
     fn release_promotion(&self, rec: &Record) {
         if rec.kind == Kind::Promote {
             let bytes = rec.nblocks as u64 * self.e.geo.block_size as u64;
@@ -800,7 +839,14 @@ impl Writer {
     /// `Err(Blocked)`: a client batch found only the reserve left, and was not written.
     fn write_batch(&mut self, batch: &mut Batch, system: bool) -> Result<(), Blocked> {
         let needed = 1 + batch.data_blocks;
-        let head = match self.place(needed, system) {
+        // FREE records, and the CLEANED and LOST records that must precede them (see
+        // `Log::hint_dropped`): a header and no data.
+        let bookkeeping = !batch.recs.is_empty()
+            && batch
+                .recs
+                .iter()
+                .all(|(r, _)| matches!(r.kind, Kind::Free | Kind::Cleaned | Kind::Lost));
+        let head = match self.place(needed, system, bookkeeping) {
             Ok(h) => h,
             Err(NoSpace::Blocked) if !system => return Err(Blocked),
             Err(NoSpace::Blocked) => {
@@ -808,14 +854,14 @@ impl Writer {
                 // checkpoint has freed what it emptied); the log stays healthy.
                 tracing::debug!("no free segment for reclaim's records");
                 for (r, w) in &batch.recs {
-                    self.release_promotion(r);
+                    self.unwritten(r);
                     complete(w, Err(LogError::ReserveFull));
                 }
                 return Ok(());
             }
             Err(NoSpace::Failed(e)) => {
                 for (r, w) in &batch.recs {
-                    self.release_promotion(r);
+                    self.unwritten(r);
                     complete(w, Err(LogError::io(&e)));
                 }
                 return Ok(());
@@ -855,7 +901,7 @@ impl Writer {
             tracing::error!(error = %e, segment = head.segment, "cache device write failed");
             self.abandon_segment_after_failure(head);
             for (r, w) in &batch.recs {
-                self.release_promotion(r);
+                self.unwritten(r);
                 complete(w, Err(LogError::io(&e)));
             }
             return Ok(());
@@ -876,6 +922,19 @@ impl Writer {
                 .note_written(head.segment, head.used, self.e.now_secs());
             let mut slot = first_slot + 1;
             for (r, _) in &batch.recs {
+                if r.kind == Kind::Free {
+                    debug_assert_eq!(
+                        st.index
+                            .slots_in(geo.first_slot(r.aux as u32), geo.blocks_per_segment())
+                            .count(),
+                        0,
+                        "reclaim freed a segment with blocks in it"
+                    );
+                    self.free_unsynced = true;
+                    // Room for the client batches waiting for space.
+                    self.client_blocked = false;
+                    Stats::add(&self.e.stats.freed_segments, 1);
+                }
                 st.apply(&r.entry(), slot, &r.block_crcs);
                 if r.kind == Kind::Write {
                     // Stamped as the index changes, not before: a read miss that found these
@@ -934,7 +993,7 @@ impl Writer {
 
     /// Finds room for `needed` blocks at the log head, sealing the open segment (so recovery
     /// knows the log went on elsewhere) and opening the next free one if it does not fit.
-    fn place(&mut self, needed: u32, system: bool) -> Result<Head, NoSpace> {
+    fn place(&mut self, needed: u32, system: bool, bookkeeping: bool) -> Result<Head, NoSpace> {
         let bps = self.e.geo.blocks_per_segment();
         loop {
             let head = self.e.state.read().segs.head;
@@ -961,10 +1020,29 @@ impl Writer {
                 }
                 None => {}
             }
-            let mut st = self.e.state.write();
-            if !system && st.segs.free_count() <= RESERVE {
+            let (free, next) = {
+                let st = self.e.state.read();
+                (st.segs.free_count(), st.segs.next_free())
+            };
+            if !system && free <= RESERVE {
                 return Err(NoSpace::Blocked);
             }
+            // The last free segment is kept for FREE records (see the module's essay).
+            if system && !bookkeeping && free <= 1 {
+                return Err(NoSpace::Blocked);
+            }
+            let Some(next) = next else {
+                return Err(NoSpace::Blocked);
+            };
+            // The segment may have been freed by a FREE record not yet durable: a crash after it
+            // is overwritten would replay a checkpoint that maps blocks into it, or the log that
+            // moved them out of it, without the record that freed it.
+            if self.free_unsynced {
+                self.sync_device().map_err(NoSpace::Failed)?;
+            }
+            crate::state::wait_for_readers(&self.e.state, &[next]);
+            // Only this thread takes free segments, so `next` is still the first.
+            let mut st = self.e.state.write();
             if st.segs.open_next(self.next_seq).is_none() {
                 return Err(NoSpace::Blocked);
             }
@@ -1109,6 +1187,7 @@ impl Writer {
             Ok(()) => {
                 self.durable = self.next_seq;
                 self.unsynced.clear();
+                self.free_unsynced = false;
             }
             Err(e) => {
                 Stats::add(&self.e.stats.cache_errors, 1);
@@ -1286,7 +1365,29 @@ impl Writer {
         let synced = Instant::now();
         Stats::add(&self.e.stats.checkpoint_sync_us, micros(synced - began));
         let number = self.checkpoint_number + 1;
-        let mut snap = self.e.state.read().snapshot();
+        let (snap, release) = {
+            let st = self.e.state.read();
+            let mut snap = st.snapshot();
+            // No open segment and no free one: not even a FREE record can be written (a write
+            // that failed sealed the segment a FREE record had opened, the last free one; found
+            // by the fault sweep, reclaim asking for checkpoints forever). Then this checkpoint
+            // frees what may be reused, as every checkpoint did before FREE records: recorded at
+            // the end of its free list, free once it is durable. Nothing can be written until
+            // then, so the log's free order is still the one it records; a walk from the older
+            // checkpoint misses them, and scans, as for any damaged newest checkpoint.
+            // (A CLEANED or LOST record not yet queued could come after the reuse: see
+            // `Log::hint_made`; reclaim asks again.)
+            let stuck =
+                st.segs.head.is_none() && st.segs.free_count() == 0 && self.log().hints_queued();
+            let release: Vec<u32> = if stuck {
+                let threshold = self.log().reuse_threshold.load(Ordering::Acquire);
+                st.segs.reusable(threshold.checked_sub(1)).collect()
+            } else {
+                Vec::new()
+            };
+            snap.free.extend(&release);
+            (snap, release)
+        };
         Stats::add(
             &self.e.stats.checkpoint_snapshot_us,
             micros(synced.elapsed()),
@@ -1294,9 +1395,9 @@ impl Writer {
         let inflight = InFlight {
             number,
             next_seq: self.next_seq,
-            // The image records neither (`free` already ends with `release`).
-            release: std::mem::take(&mut snap.release),
-            age: std::mem::take(&mut snap.age),
+            seals: snap.seals,
+            hints_dropped: self.log().hints_dropped(),
+            release,
             blocks_at_snapshot: self.blocks_since_checkpoint,
             waiters,
             thread: None,
@@ -1354,8 +1455,9 @@ impl Writer {
     }
 
     /// The second half of a checkpoint, once its image is written (or failed): a failed write
-    /// fails the log; otherwise the device is synced, which makes the checkpoint durable, the
-    /// segments aged at its snapshot become free and the others quarantined then age.
+    /// fails the log; otherwise the device is synced, which makes the checkpoint durable: the one
+    /// before it becomes the older one recovery may use, and segments sealed before it may be
+    /// freed.
     fn complete_checkpoint(
         &mut self,
         inflight: &InFlight,
@@ -1379,19 +1481,30 @@ impl Writer {
             .blocks_since_checkpoint
             .saturating_sub(inflight.blocks_at_snapshot);
         Stats::add(&self.e.stats.checkpoints, 1);
-        let released = {
-            let mut st = self.e.state.write();
-            st.segs.age(&inflight.age);
-            st.segs.release_these(&inflight.release)
-        };
-        if !released.is_empty() {
-            crate::state::wait_for_readers(&self.e.state, &released);
+        let older = std::mem::replace(&mut self.newest_checkpoint_seals, inflight.seals);
+        self.log()
+            .reuse_threshold
+            .store(older + 1, Ordering::Release);
+        let dropped = std::mem::replace(
+            &mut self.newest_checkpoint_hints_dropped,
+            inflight.hints_dropped,
+        );
+        self.log().older_checkpoint_saw_hints_dropped(dropped);
+        if !inflight.release.is_empty() {
+            {
+                let mut st = self.e.state.write();
+                for &seg in &inflight.release {
+                    st.segs.free_by_record(seg);
+                }
+            }
+            crate::state::wait_for_readers(&self.e.state, &inflight.release);
+            Stats::add(&self.e.stats.freed_segments, inflight.release.len() as u64);
             self.client_blocked = false;
         }
         tracing::debug!(
             number = inflight.number,
             entries = written.entries,
-            released = released.len(),
+            older_seals = older,
             "checkpoint"
         );
         Ok(())
@@ -1594,6 +1707,60 @@ mod tests {
         let t = ticket();
         w.client_pending.push_back(Op::Append(rec, Some(t.clone())));
         t
+    }
+
+    /// A segment a FREE record freed is overwritten only once a sync made the record durable:
+    /// a crash could otherwise replay a checkpoint that maps blocks into it, without the record.
+    #[test]
+    fn a_segment_freed_by_a_record_is_opened_after_a_sync() {
+        let mut w = idle_writer();
+        let bps = w.e.geo.blocks_per_segment();
+        // Every free segment used up, four of them emptied and quarantined.
+        let emptied: Vec<u32> = {
+            let mut st = w.e.state.write();
+            let mut sealed = Vec::new();
+            while st.segs.free_count() > 0 {
+                if let Some(h) = st.segs.head {
+                    sealed.push(h.segment);
+                }
+                st.segs.seal_head();
+                st.segs.open_next(w.next_seq);
+            }
+            let emptied = sealed[..4].to_vec();
+            for &s in &emptied {
+                st.segs.quarantine(s);
+            }
+            emptied
+        };
+        let freed: Vec<Ticket> = emptied
+            .iter()
+            .map(|&s| {
+                let t = ticket();
+                let rec = Record::new(Kind::Free, 0, 1, None).aux(u64::from(s));
+                w.system_ops.push_back(Op::Append(rec, Some(t.clone())));
+                t
+            })
+            .collect();
+        w.run_ops();
+        for t in freed {
+            assert!(t.wait().is_ok());
+        }
+        assert_eq!(w.e.state.read().segs.free_order(), emptied);
+        let syncs = w.e.stats.cache_syncs.load(Ordering::Relaxed);
+        let durable = w.durable;
+        // A write that does not fit the head opens the first of them.
+        let t = queue_write(&mut w, 0, bps - 1);
+        w.run_ops();
+        assert!(t.wait().is_ok());
+        assert_eq!(w.e.state.read().segs.head.unwrap().segment, emptied[0]);
+        assert_eq!(w.e.stats.cache_syncs.load(Ordering::Relaxed), syncs + 1);
+        assert!(w.durable > durable, "the FREE records are durable");
+        // The next segment opened, freed by a record already synced, needs no sync of its own.
+        let t = queue_write(&mut w, 0, bps - 1);
+        w.run_ops();
+        assert!(t.wait().is_ok());
+        assert_eq!(w.e.state.read().segs.head.unwrap().segment, emptied[1]);
+        assert_eq!(w.e.stats.cache_syncs.load(Ordering::Relaxed), syncs + 1);
     }
 
     #[test]

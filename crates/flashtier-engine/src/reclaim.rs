@@ -19,13 +19,15 @@
 //! victims and the whole cache by compaction, so every victim frees part of a segment (a compacted
 //! one at least a tenth, a policy victim half) and a round always ends. A policy victim whose dirty
 //! blocks would have to be written back gives way to the sparsest segment if that one's can be
-//! copied instead. The victim is then quarantined until neither checkpoint recovery may start from
-//! references it (two checkpoints later: see `segments`).
+//! copied instead. The victim is then quarantined, and freed by a FREE record as soon as neither
+//! checkpoint recovery may start from needs the log it held (at once for a segment sealed before
+//! the older one; otherwise reclaim asks for checkpoints: see `segments`).
 //!
 //! A failed round (e.g. the backing store refuses write-back) is retried after an exponential
 //! backoff, 100 ms doubling to 5 s, reset by a round that succeeds; dirty blocks stay meanwhile.
 
 use std::io;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,8 +94,9 @@ fn needs_reclaim(e: &Engine) -> bool {
     st.segs.free_count() <= e.reclaim_low_water()
 }
 
-/// Empties victims until enough segments are free or quarantined, then checkpoints so the
-/// quarantined ones become free (two checkpoints, when one is not enough: see `segments`).
+/// Empties victims until enough segments are free or quarantined, freeing each one whose old log
+/// no checkpoint needs any more; the others are freed after the checkpoints the round ends with
+/// (two, when one is not enough: see `segments`).
 pub(crate) fn reclaim_until_target(e: &Engine) -> io::Result<()> {
     let _turn = e.reclaim_turn.lock();
     let geo = e.geo;
@@ -103,14 +106,14 @@ pub(crate) fn reclaim_until_target(e: &Engine) -> io::Result<()> {
             // Closing: the final checkpoint and the next start take it from here.
             return Ok(());
         }
+        free_reusable(e)?;
         let (free, quarantined, victim) = {
             let st = e.state.read();
             let free = st.segs.free_count();
-            // Compaction copies up to most of a segment to free one, and each emptied segment
-            // waits for two checkpoints: only while writers are not waiting for space (the free
-            // segments are above the reserve) and the round's budget holds a whole segment (a
-            // victim is copied whole or left alone: with less, the same victim would be chosen
-            // and left alone again, round after round).
+            // Compaction copies up to most of a segment to free one: only while writers are not
+            // waiting for space (the free segments are above the reserve) and the round's budget
+            // holds a whole segment (a victim is copied whole or left alone: with less, the same
+            // victim would be chosen and left alone again, round after round).
             // Once writers wait, the policy's victims free space faster (measured: with
             // compaction at the reserve, a crash test's full-speed writers went unanswered for
             // over 15 s in 3 loaded runs of 9, reclaim waiting on a checkpoint pair per half
@@ -129,14 +132,15 @@ pub(crate) fn reclaim_until_target(e: &Engine) -> io::Result<()> {
                     e.reclaim_policy(),
                     compact_pct,
                     geo.blocks_per_segment(),
+                    e.log.reuse_threshold.load(Ordering::Acquire).checked_sub(1),
                 ),
             )
         };
         if free + quarantined >= e.reclaim_target() {
             break;
         }
-        // Copying blocks forward needs room; what earlier victims gave back only becomes free
-        // with a checkpoint, so take one before the reserve runs out.
+        // Copying blocks forward needs room; what earlier victims gave back and could not be
+        // freed yet becomes free after checkpoints, so take one before the reserve runs out.
         if free <= RESERVE && quarantined > 0 {
             e.log.checkpoint()?;
             e.log.kick();
@@ -145,16 +149,59 @@ pub(crate) fn reclaim_until_target(e: &Engine) -> io::Result<()> {
         let Some(victim) = victim else { break };
         reclaim_segment(e, victim, &mut copy_budget)?;
     }
-    // A quarantined segment is freed by the second checkpoint after it was emptied (see
-    // `segments`): a second one when the first left the free segments at the low-water mark.
+    // A quarantined segment may be freed once it was sealed before the older of the two newest
+    // checkpoints (see `segments`): a second checkpoint when the first left the free segments
+    // at the low-water mark.
     for round in 0..2 {
         if e.state.read().segs.quarantined_count() == 0 || (round > 0 && !needs_reclaim(e)) {
             break;
         }
         e.log.checkpoint()?;
+        free_reusable(e)?;
     }
     e.log.kick();
     Ok(())
+}
+
+/// Logs a FREE record for every quarantined segment whose old log no checkpoint recovery may
+/// start from needs any more (see `segments`); the log writer frees each as it applies it. One
+/// the log refuses (no room at all, or a CLEANED or LOST record lost since the older checkpoint:
+/// see `Log::hint_dropped`) stays quarantined and is tried again after checkpoints.
+fn free_reusable(e: &Engine) -> io::Result<()> {
+    if e.state.read().segs.quarantined_count() == 0 {
+        return Ok(());
+    }
+    // The CLEANED and LOST records of blocks evicted from these segments go first (see
+    // `Log::hint_made`); each is queued a moment after its change.
+    while !e.log.hints_queued() {
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    // After a CLEANED or LOST record was lost, only checkpoints free (see `Log::hint_dropped`).
+    if !e.log.frees_allowed() {
+        return Ok(());
+    }
+    // 0: no checkpoint since opening (see `Log::reuse_threshold`).
+    let threshold = e.log.reuse_threshold.load(Ordering::Acquire).checked_sub(1);
+    let reusable: Vec<u32> = {
+        let st = e.state.read();
+        if st.segs.quarantined_count() == 0 {
+            return Ok(());
+        }
+        st.segs.reusable(threshold).collect()
+    };
+    let Some((&last, rest)) = reusable.split_last() else {
+        return Ok(());
+    };
+    let free = |seg: u32| Record::new(Kind::Free, 0, 1, None).aux(u64::from(seg));
+    // Queued together so they share a batch; the log applies in order, so waiting for the last
+    // waits for all.
+    for &seg in rest {
+        e.log.append_async(free(seg), true);
+    }
+    match e.log.append(free(last), true) {
+        Ok(_) | Err(LogError::ReserveFull) => Ok(()),
+        Err(err) => Err(err.into()),
+    }
 }
 
 /// A segment to empty, and how.
@@ -170,20 +217,27 @@ struct Victim {
 /// policy's victim, unless that one holds dirty blocks and is more than a quarter live: emptying
 /// it would mean writing them back (a slow backing store's seeks, with clients waiting), so the
 /// sparsest segment goes first if it is at most a quarter live (its dirty blocks can be copied
-/// forward).
+/// forward). Compaction takes the sparsest segment that can be freed at once (sealed before
+/// `seals_then`, the older checkpoint's: see `segments`) when one qualifies: emptied, any other
+/// holds nothing until checkpoints let it be freed.
 fn choose_victim(
     segs: &crate::segments::Segments,
     policy: ReclaimPolicy,
     compact_pct: u32,
     bps: u32,
+    seals_then: Option<u64>,
 ) -> Option<Victim> {
     if compact_pct > 0 {
         // No sealed segment at all: nothing to empty, by any policy.
         let s = segs.sparsest_sealed()?;
         let pct = compact_pct.min(MAX_COMPACT_PCT);
-        if u64::from(segs.live(s)) * 100 <= u64::from(bps) * u64::from(pct) {
+        let sparse = |s: u32| u64::from(segs.live(s)) * 100 <= u64::from(bps) * u64::from(pct);
+        let at_once = segs
+            .sparsest_sealed_where(|s| segs.sealed_before(s, seals_then))
+            .filter(|&s| sparse(s));
+        if let Some(segment) = at_once.or(Some(s).filter(|&s| sparse(s))) {
             return Some(Victim {
-                segment: s,
+                segment,
                 compact: true,
             });
         }
@@ -518,36 +572,58 @@ mod tests {
         Some(Victim { segment, compact })
     }
 
+    /// Compaction prefers a segment it can free at once (sealed before the older checkpoint's
+    /// snapshot) to a sparser one that would wait for checkpoints, while one is sparse enough.
+    #[test]
+    fn compaction_prefers_a_victim_it_can_free_at_once() {
+        // Sealed in order: segment s is the (s + 1)th seal.
+        let segs = sealed([9, 12, 4, 16], [0; 4]);
+        let pick = |seals_then| choose_victim(&segs, ReclaimPolicy::Fifo, 75, 16, seals_then);
+        assert_eq!(pick(None), victim(2, true), "none qualifies: the sparsest");
+        assert_eq!(
+            pick(Some(2)),
+            victim(0, true),
+            "the sparsest of segments 0 and 1"
+        );
+        assert_eq!(pick(Some(3)), victim(2, true));
+        // Not one that is too full to compact: then the sparsest of all.
+        let segs = sealed([15, 14, 4, 16], [0; 4]);
+        assert_eq!(
+            choose_victim(&segs, ReclaimPolicy::Fifo, 75, 16, Some(2)),
+            victim(2, true)
+        );
+    }
+
     #[test]
     fn the_sparsest_segment_is_compacted_while_it_is_at_most_the_threshold_live() {
         let segs = sealed([12, 8, 9, 16], [0; 4]);
         // 8 of 16 is 50%: compacted, whatever the policy.
         for policy in [ReclaimPolicy::Fifo, ReclaimPolicy::Lru] {
-            assert_eq!(choose_victim(&segs, policy, 50, 16), victim(1, true));
+            assert_eq!(choose_victim(&segs, policy, 50, 16, None), victim(1, true));
         }
         // Fuller victims are compacted too, up to the threshold.
         let fuller = sealed([14, 12, 13, 16], [0, 6, 0, 0]);
         assert_eq!(
-            choose_victim(&fuller, ReclaimPolicy::Fifo, 75, 16),
+            choose_victim(&fuller, ReclaimPolicy::Fifo, 75, 16, None),
             victim(1, true)
         );
         assert_eq!(
-            choose_victim(&fuller, ReclaimPolicy::Fifo, 70, 16),
+            choose_victim(&fuller, ReclaimPolicy::Fifo, 70, 16, None),
             victim(0, false)
         );
         // Above the threshold, or with compaction off: the policy's victim (the oldest), evicted.
         assert_eq!(
-            choose_victim(&segs, ReclaimPolicy::Fifo, 40, 16),
+            choose_victim(&segs, ReclaimPolicy::Fifo, 40, 16, None),
             victim(0, false)
         );
         assert_eq!(
-            choose_victim(&segs, ReclaimPolicy::Fifo, 0, 16),
+            choose_victim(&segs, ReclaimPolicy::Fifo, 0, 16, None),
             victim(0, false)
         );
         // The threshold is capped at 90%: compacting a fuller segment would free too little.
         let full = sealed([15, 15, 15, 16], [0; 4]);
         assert_eq!(
-            choose_victim(&full, ReclaimPolicy::Fifo, 100, 16),
+            choose_victim(&full, ReclaimPolicy::Fifo, 100, 16, None),
             victim(0, false)
         );
     }
@@ -556,12 +632,12 @@ mod tests {
     fn without_compaction_a_dirty_victim_gives_way_to_a_segment_a_quarter_live() {
         let segs = sealed([12, 4, 9, 16], [6, 0, 0, 0]);
         assert_eq!(
-            choose_victim(&segs, ReclaimPolicy::Fifo, 0, 16),
+            choose_victim(&segs, ReclaimPolicy::Fifo, 0, 16, None),
             victim(1, false)
         );
         let clean = sealed([12, 4, 9, 16], [0; 4]);
         assert_eq!(
-            choose_victim(&clean, ReclaimPolicy::Fifo, 0, 16),
+            choose_victim(&clean, ReclaimPolicy::Fifo, 0, 16, None),
             victim(0, false)
         );
     }
@@ -570,11 +646,11 @@ mod tests {
     fn an_empty_segment_goes_first() {
         let segs = sealed([12, 8, 0, 16], [0; 4]);
         assert_eq!(
-            choose_victim(&segs, ReclaimPolicy::Fifo, 0, 16),
+            choose_victim(&segs, ReclaimPolicy::Fifo, 0, 16, None),
             victim(2, false)
         );
         assert_eq!(
-            choose_victim(&segs, ReclaimPolicy::Lru, 50, 16),
+            choose_victim(&segs, ReclaimPolicy::Lru, 50, 16, None),
             victim(2, true)
         );
     }

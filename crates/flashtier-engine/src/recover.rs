@@ -4,7 +4,7 @@
 //! # Where the log ends, and damage in the middle of it
 //!
 //! Replay follows the log from the checkpoint's head through the free segments in the order the
-//! checkpoint recorded. A header is accepted only if it checks out, its first sequence number is
+//! checkpoint recorded, then those FREE records freed after it, in record order (see `segments`). A header is accepted only if it checks out, its first sequence number is
 //! exactly the next one expected, and its epoch is not older than the last accepted one.
 //!
 //! Something that does not check out is either the torn tail a crash leaves (batches written but
@@ -45,7 +45,7 @@
 //! is in the next header of its segment or, if its batch filled the segment, in the first header
 //! of another: then the records the copy describes name the damaged segment by their checksums
 //! (the segment matching the most of them, and never one a MOVE among them copied from: reclaim's
-//! victim holds the moved data until two checkpoints later, at the same place when a run is copied
+//! victim holds the moved data until it is freed and reused, at the same place when a run is copied
 //! from its start). When that copy is damaged too, the log went on in the segment holding the
 //! lowest-numbered later header behind a first block that is no header of this log, and the
 //! records before that header are a gap, as they would be replaying from the newest checkpoint.
@@ -524,6 +524,7 @@ impl<'a> Walk<'a> {
                 Kind::Move | Kind::Cleaned | Kind::Lost => {
                     e.aux + e.nblocks as u64 <= self.geo.slot_count() as u64
                 }
+                Kind::Free => e.nblocks == 1 && e.aux < u64::from(self.geo.segment_count),
                 _ => true,
             };
             in_backing && aux_ok
@@ -534,6 +535,15 @@ impl<'a> Walk<'a> {
         self.durable = self.durable.max(h.durable);
         self.epoch = h.epoch;
         self.expected = h.seq_end();
+        // The log takes the segments FREE records free after those the checkpoint listed, in
+        // record order (see `segments`). One the walk has been in, or already lists, is not
+        // freed again (only a damaged log could name one, and replay skips it too).
+        for e in h.entries.iter().filter(|e| e.kind == Kind::Free) {
+            let seg = e.aux as u32;
+            if !self.entered[seg as usize] && !self.free.contains(&seg) {
+                self.free.push_back(seg);
+            }
+        }
     }
 
     /// Moves the walk to the next segment of the log: the next free one in checkpoint order,
@@ -939,6 +949,9 @@ impl<'a> Walk<'a> {
                         None => {
                             let (h, _) = self.read(s, p);
                             let Ok(h) = h.own else { return };
+                            // The records lost may have freed segments the log went on in:
+                            // from here on, it is looked for wherever it may be.
+                            self.scan_segments = true;
                             let to = if s == seg { p } else { self.bps() };
                             self.steps.push(Step::Gap {
                                 seq_first: self.expected,
@@ -1245,7 +1258,7 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
 /// or a block reclaim moved, which still lives where it was moved from) is simply not cached.
 ///
 /// A MOVE of a *dirty* block is a client write's only copy too: once the MOVE was logged, reclaim
-/// could free the segment it moved from, and a later checkpoint let that segment be reused. A
+/// could free the segment it moved from, and the log reuse it. A
 /// replay from an older checkpoint (the newer one damaged) then finds the source overwritten, and
 /// the block would read the backing store's older data (found by the long corruption campaign:
 /// wrong data after damage to a MOVE record and to the newest checkpoint). So the dirty blocks it
@@ -1641,6 +1654,41 @@ mod tests {
             .collect()
     }
 
+    /// The log goes on in a segment a FREE record freed after the checkpoint (format version 3):
+    /// the walk takes it after the checkpoint's free list, in record order. Before FREE records,
+    /// a walk from the newest checkpoint knew only its free list, and ended the log at the seal.
+    #[test]
+    fn the_walk_follows_the_log_into_segments_free_records_freed() {
+        let l = HandLog::new();
+        let none = [0u8; OWN_LEN];
+        let w1 = l.put_write(10, 1, 1, &none, 1, 0);
+        let free = vec![entry(Kind::Free, 0, 1, 3, 0), entry(Kind::Free, 0, 1, 2, 0)];
+        let f = l.put(&l.header(HeaderKind::Batch, 11, free), &w1, 1, 2);
+        let seal = l.put(&l.header(HeaderKind::Seal, 13, Vec::new()), &f, 1, 3);
+        // Segment 2 holds an older header of this log numbered as expected next: only the
+        // order the records freed them in says segment 3 comes first.
+        l.put_write(13, 1, 9, &none, 2, 0);
+        let w3 = l.put_write(13, 2, 3, &seal, 3, 0);
+        let s3 = l.put(&l.header(HeaderKind::Seal, 14, Vec::new()), &w3, 3, 3);
+        l.put_write(14, 1, 4, &s3, 2, 0);
+        let walk = l.walk_newest(&[1], 10);
+        assert_eq!(opened(&walk.steps), vec![1, 3, 2]);
+        assert_eq!(walk.expected, 15);
+        // A FREE record naming a segment the walk was in (only a damaged log could) frees
+        // nothing: the walk does not go back to it.
+        let l = HandLog::new();
+        let w1 = l.put_write(10, 1, 1, &none, 1, 0);
+        let f = l.put(
+            &l.header(HeaderKind::Batch, 11, vec![entry(Kind::Free, 0, 1, 1, 0)]),
+            &w1,
+            1,
+            2,
+        );
+        l.put(&l.header(HeaderKind::Seal, 12, Vec::new()), &f, 1, 3);
+        let walk = l.walk_newest(&[1], 10);
+        assert_eq!(opened(&walk.steps), vec![1]);
+    }
+
     /// Replaying from an older checkpoint, the first header of the segment the log went on in
     /// damaged, its batch filling that segment: the header carrying its copy starts yet another
     /// segment. Other segments start with a stale header of this log and with nothing; the
@@ -1705,7 +1753,7 @@ mod tests {
 
     /// The same two faults, and the damaged batch a compaction's: its first record is a MOVE of
     /// a whole run from the start of the victim segment, which still holds the data (a victim is
-    /// reused only two checkpoints later) at the same place after its own first header; the
+    /// reused only once freed) at the same place after its own first header; the
     /// client writes batched with it are not there. Before: the search stopped at the first
     /// segment matching any one record's checksum, so a victim numbered below the damaged
     /// segment was taken for the log's segment, the client writes were mapped to its stale

@@ -1,18 +1,34 @@
 //! Segment bookkeeping: which segments are free, which one the log is filling, how many live and
 //! dirty blocks each holds, and which reclaim has emptied but may not reuse yet.
 //!
-//! A segment reclaim has emptied is *quarantined* until no checkpoint recovery could start from
-//! still needs it. Recovery starts from the newest checkpoint, or from the one before it when the
-//! newest is damaged; either may map blocks into the segment (evictions are not logged), and the
-//! log written since either may lie in it. So a segment waits for two checkpoints: the first
-//! one durable after it was emptied no longer references it (it *ages*: see
-//! [`Segments::age`]), and the next one frees it, once the first is the older of the two that
-//! recovery may use. Freed segments join the end of the free list, in the order that checkpoint
-//! records, which is what lets recovery follow the log from segment to segment without scanning.
-//! (Found by the long power-loss campaign: with one checkpoint's wait, a segment the log had gone
-//! through after the older checkpoint was freed by the newer one and reused; with the newer one's
-//! body damaged, recovery from the older one met the log overwritten, cut it there, and served
-//! older data.)
+//! A segment reclaim has emptied is *quarantined* until reclaim logs a FREE record for it; the
+//! log writer applies the record by putting the segment at the end of the free list, and recovery
+//! replays it the same way, so the order the log takes free segments in is the checkpoint's free
+//! list followed by the FREE records after it, at run time and in replay alike (which is what
+//! lets recovery follow the log from segment to segment without scanning). Replayed, a FREE
+//! record also unmaps whatever a checkpoint still maps in the segment (evictions are not logged).
+//!
+//! Two rules make the reuse safe:
+//!
+//! - **The segment's old log is no longer needed.** Recovery starts from the newest checkpoint,
+//!   or from the one before it when the newest is damaged, and walks the log from there. A
+//!   segment is freed only once it was sealed before the snapshot of the older of the two newest
+//!   durable checkpoints ([`Segments::reusable`] with the log's threshold): no walk recovery may
+//!   make reads it, and every checkpoint recovery may start from has it sealed or quarantined, so
+//!   the FREE record is replayed after it. Seals are counted ([`Segments::seals`]), a snapshot
+//!   records the count and the log writer publishes the older checkpoint's; the segments the
+//!   checkpoint recovery loaded had sealed count as sealed at 0, and nothing qualifies until a
+//!   checkpoint after opening is durable. (The long power-loss campaign found why the older
+//!   checkpoint is the one that counts: with the newest one's, a segment the log had gone
+//!   through after the older checkpoint was reused; with the newer one's body damaged, recovery
+//!   from the older one met the log overwritten, cut it, and served older data.)
+//! - **The FREE record is durable before the segment is overwritten**, with the MOVE records
+//!   before it: the log writer syncs before it opens a segment while a FREE record it wrote is
+//!   not yet synced, and waits for reads of the segment still in flight.
+//!
+//! A segment that does not qualify yet waits for checkpoints (reclaim asks for them); most
+//! victims, sealed long before, are freed at once. When the log has no room left even for a
+//! FREE record, a checkpoint frees them instead (see `log_writer`).
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -26,7 +42,7 @@ pub enum SegState {
     Open,
     /// Full (or sealed early); holds live data until reclaimed.
     Sealed,
-    /// Emptied by reclaim; free once two checkpoints are durable (see the module's essay).
+    /// Emptied by reclaim; free once its FREE record is applied (see the module's essay).
     Quarantined,
 }
 
@@ -61,10 +77,17 @@ pub struct Segments {
     /// log has none, and its blocks count as written when the engine started.
     written: Vec<Vec<(u32, u32)>>,
     free: VecDeque<u32>,
-    /// Quarantined since before the snapshot of the newest durable checkpoint, which therefore
-    /// does not reference them: the next checkpoint frees them. In quarantine order.
-    aged: Vec<u32>,
-    /// Quarantined later: the newest durable checkpoint may reference them. In quarantine order.
+    /// When the segment was sealed, as the value of `seals` then (0: sealed before the checkpoint
+    /// recovery loaded): its old log is needed no more once the older checkpoint recovery may
+    /// use was snapshotted after it.
+    sealed_at: Vec<u64>,
+    /// Segments sealed since opening: a clock that only seals move, so that a segment sealed
+    /// before a checkpoint's snapshot is told from one sealed after it even when no record was
+    /// written in between (sequence numbers do not move then: with them, a segment sealed over
+    /// a failed write while clients waited for space never qualified, and reclaim asked for
+    /// checkpoints forever, found by the fault sweep).
+    seals: u64,
+    /// Emptied by reclaim, waiting for their FREE records. In quarantine order.
     quarantine: Vec<u32>,
     pub head: Option<Head>,
 }
@@ -95,7 +118,8 @@ impl Segments {
             readers: (0..n).map(|_| AtomicU32::new(0)).collect(),
             written: vec![Vec::new(); n],
             free: free.into(),
-            aged: Vec::new(),
+            sealed_at: vec![0; n],
+            seals: 0,
             quarantine: Vec::new(),
             head: None,
         }
@@ -103,6 +127,18 @@ impl Segments {
 
     pub fn count(&self) -> u32 {
         self.state.len() as u32
+    }
+
+    pub fn blocks_per_segment(&self) -> u32 {
+        self.blocks_per_segment
+    }
+
+    /// Whether a FREE record may free `seg`: it is neither free nor the log's head (only a
+    /// damaged log could name one that is).
+    pub fn freeable(&self, seg: u32) -> bool {
+        self.state
+            .get(seg as usize)
+            .is_some_and(|s| matches!(s, SegState::Sealed | SegState::Quarantined))
     }
 
     #[cfg(test)]
@@ -115,7 +151,7 @@ impl Segments {
     }
 
     pub fn quarantined_count(&self) -> usize {
-        self.aged.len() + self.quarantine.len()
+        self.quarantine.len()
     }
 
     pub fn live(&self, seg: u32) -> u32 {
@@ -134,22 +170,32 @@ impl Segments {
         self.live.iter().map(|&d| d as u64).sum()
     }
 
-    /// The order the log will take segments in once the checkpoint being written is durable: the
-    /// free list, then the segments that checkpoint frees ([`Segments::releasable`]).
-    pub fn free_order_after_checkpoint(&self) -> Vec<u32> {
-        self.free.iter().chain(&self.aged).copied().collect()
+    /// The order the log takes the free segments in, as a checkpoint records it.
+    pub fn free_order(&self) -> Vec<u32> {
+        self.free.iter().copied().collect()
     }
 
-    /// The segments a checkpoint snapshotted now frees once it is durable, in the order they
-    /// join the free list.
-    pub fn releasable(&self) -> Vec<u32> {
-        self.aged.clone()
+    /// How many segments were sealed so far: a checkpoint's snapshot records it (see
+    /// [`Segments::reusable`]).
+    pub fn seals(&self) -> u64 {
+        self.seals
     }
 
-    /// The segments a checkpoint snapshotted now no longer references: once it is durable, they
-    /// age ([`Segments::age`]), and the checkpoint after it frees them.
-    pub fn quarantined_young(&self) -> Vec<u32> {
-        self.quarantine.clone()
+    /// The quarantined segments that may be freed now, in quarantine order: sealed before the
+    /// snapshot of the older checkpoint recovery may start from, which saw `seals_then` seals (see
+    /// the module's essay); `None` before the first checkpoint after opening, when the older one
+    /// may be the checkpoint before the one recovery loaded, of which nothing is known.
+    pub fn reusable(&self, seals_then: Option<u64>) -> impl Iterator<Item = u32> + '_ {
+        self.quarantine
+            .iter()
+            .copied()
+            .filter(move |&s| self.sealed_before(s, seals_then))
+    }
+
+    /// Whether `seg` was sealed before the snapshot that saw `seals_then` seals: emptied, it
+    /// could be freed at once (see [`Segments::reusable`]).
+    pub fn sealed_before(&self, seg: u32, seals_then: Option<u64>) -> bool {
+        seals_then.is_some_and(|then| self.sealed_at[seg as usize] <= then)
     }
 
     fn seg_of(&self, slot: u32) -> usize {
@@ -204,7 +250,6 @@ impl Segments {
         if let Some(at) = self.free.iter().position(|&s| s == seg) {
             self.free.remove(at);
         }
-        self.aged.retain(|&s| s != seg);
         self.quarantine.retain(|&s| s != seg);
         self.open(seg, first_seq);
     }
@@ -233,6 +278,8 @@ impl Segments {
     pub fn seal_head(&mut self) {
         if let Some(h) = self.head.take() {
             self.state[h.segment as usize] = SegState::Sealed;
+            self.seals += 1;
+            self.sealed_at[h.segment as usize] = self.seals;
         }
     }
 
@@ -247,43 +294,21 @@ impl Segments {
         self.quarantine.push(seg);
     }
 
-    /// After a checkpoint is durable: `segs`, which aged before its snapshot, became free, in
-    /// this order (the order it recorded). Returns them so the caller can wait for in-flight
-    /// reads of them to finish before they are overwritten. Segments no longer quarantined are
-    /// skipped (none are: only recovery takes segments out of the quarantine).
-    pub fn release_these(&mut self, segs: &[u32]) -> Vec<u32> {
-        let mut released = Vec::with_capacity(segs.len());
-        for &s in segs {
-            let Some(at) = self.aged.iter().position(|&q| q == s) else {
-                debug_assert!(false, "releasing segment {s}, which has not aged");
-                continue;
-            };
-            self.aged.remove(at);
-            self.state[s as usize] = SegState::Free;
-            self.free.push_back(s);
-            released.push(s);
+    /// Applies a FREE record for `seg` (its blocks already unmapped), or a checkpoint that freed
+    /// it: it joins the end of the free list. A segment already free or open is left as it is
+    /// (only a damaged log could name one: recovery found the log going on there by a scan).
+    pub fn free_by_record(&mut self, seg: u32) -> bool {
+        if !self.freeable(seg) {
+            return false;
         }
-        released
-    }
-
-    /// After a checkpoint is durable: `segs`, quarantined before its snapshot, are no longer
-    /// referenced by the newest checkpoint, and the next one frees them.
-    pub fn age(&mut self, segs: &[u32]) {
-        for &s in segs {
-            if let Some(at) = self.quarantine.iter().position(|&q| q == s) {
-                self.quarantine.remove(at);
-                self.aged.push(s);
-            }
-        }
-    }
-
-    /// One checkpoint's worth, for tests: what a checkpoint snapshotted now frees and ages.
-    #[cfg(test)]
-    pub fn checkpoint(&mut self) -> Vec<u32> {
-        let (release, young) = (self.releasable(), self.quarantined_young());
-        let released = self.release_these(&release);
-        self.age(&young);
-        released
+        debug_assert_eq!(
+            self.live[seg as usize], 0,
+            "freeing a segment with live data"
+        );
+        self.quarantine.retain(|&s| s != seg);
+        self.state[seg as usize] = SegState::Free;
+        self.free.push_back(seg);
+        true
     }
 
     /// A batch was written to `seg` from block offset `at`, in second `now` of engine uptime.
@@ -367,8 +392,13 @@ impl Segments {
 
     /// The sealed segment with the fewest live blocks (the cheapest to empty).
     pub fn sparsest_sealed(&self) -> Option<u32> {
+        self.sparsest_sealed_where(|_| true)
+    }
+
+    /// [`Segments::sparsest_sealed`] among those `keep` keeps.
+    pub fn sparsest_sealed_where(&self, keep: impl Fn(u32) -> bool) -> Option<u32> {
         (0..self.count())
-            .filter(|&s| self.state[s as usize] == SegState::Sealed)
+            .filter(|&s| self.state[s as usize] == SegState::Sealed && keep(s))
             .min_by_key(|&s| (self.live[s as usize], self.opened_seq[s as usize]))
     }
 
@@ -409,39 +439,42 @@ mod tests {
         assert_eq!(s.state(0), SegState::Sealed);
         assert_eq!(s.pick_victim(ReclaimPolicy::Fifo), Some(0));
         s.quarantine(0);
-        assert_eq!(
-            s.checkpoint(),
-            Vec::<u32>::new(),
-            "the first checkpoint ages it"
-        );
         assert_eq!(s.state(0), SegState::Quarantined);
-        assert_eq!(s.free_order_after_checkpoint(), vec![1, 2, 3, 0]);
-        assert_eq!(s.checkpoint(), vec![0], "the second frees it");
+        assert!(s.free_by_record(0));
         assert_eq!(s.state(0), SegState::Free);
+        assert_eq!(s.free_order(), vec![1, 2, 3, 0]);
+        assert_eq!(s.quarantined_count(), 0);
+        assert!(!s.free_by_record(0), "a free segment is not freed twice");
         assert_eq!(s.free_count(), 4);
     }
 
-    /// A segment quarantined while a checkpoint is in flight (after its snapshot) is not aged by
-    /// it: the checkpoint may reference it. It waits for two more.
+    /// A quarantined segment is reusable once the older checkpoint recovery may start from was
+    /// snapshotted after it was sealed, whether or not records were written in between.
     #[test]
-    fn a_segment_quarantined_after_a_snapshot_waits_for_two_more_checkpoints() {
+    fn a_segment_is_reusable_once_sealed_before_the_older_checkpoint() {
         let mut s = Segments::new(5, 16);
+        let loaded = s.seals();
         for seq in [1, 2, 3] {
             s.open_next(seq);
             s.seal_head();
         }
-        s.quarantine(0);
-        let (release, young) = (s.releasable(), s.quarantined_young());
-        assert_eq!((release.clone(), young.clone()), (vec![], vec![0]));
         s.quarantine(2);
-        s.release_these(&release);
-        s.age(&young);
-        assert_eq!(s.free_order_after_checkpoint(), vec![3, 4, 0]);
-        assert_eq!(s.checkpoint(), vec![0]);
-        assert_eq!(s.state(2), SegState::Quarantined);
-        assert_eq!(s.checkpoint(), vec![2]);
-        assert_eq!(s.free_order_after_checkpoint(), vec![3, 4, 0, 2]);
-        assert_eq!(s.quarantined_count(), 0);
+        s.quarantine(0);
+        assert_eq!(s.reusable(None).count(), 0, "no checkpoint since opening");
+        assert_eq!(s.reusable(Some(loaded)).count(), 0, "sealed after it");
+        let snapshot = s.seals();
+        s.open_next(4);
+        s.seal_head();
+        s.quarantine(3);
+        assert_eq!(
+            s.reusable(Some(snapshot)).collect::<Vec<_>>(),
+            vec![2, 0],
+            "in quarantine order; not the one sealed after the snapshot"
+        );
+        // Segments the checkpoint loaded at opening had sealed count as sealed before it.
+        let mut r = Segments::with_free(3, 16, vec![2]);
+        r.quarantine(1);
+        assert_eq!(r.reusable(Some(0)).collect::<Vec<_>>(), vec![1]);
     }
 
     /// Three segments of 16 blocks, opened with these first sequence numbers and sealed, each
@@ -478,8 +511,7 @@ mod tests {
         s.note_access(2, 100);
         s.on_unmap(0, false);
         s.quarantine(0);
-        s.checkpoint();
-        s.checkpoint();
+        s.free_by_record(0);
         assert_eq!(s.open_next(40), Some(0));
         s.on_map(0, false);
         s.seal_head();
@@ -506,8 +538,7 @@ mod tests {
         );
         s.seal_head();
         s.quarantine(0);
-        s.checkpoint();
-        s.checkpoint();
+        s.free_by_record(0);
         s.open_next(2);
         s.open_next(3);
         assert_eq!(s.written_at(3), 0, "marks go when the segment is reused");

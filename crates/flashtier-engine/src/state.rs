@@ -38,17 +38,15 @@ impl State {
 
     /// What a checkpoint records, as it is now. Costs O(slots / `cow::CHUNK_LEN` + segments +
     /// lost ranges) under the state lock, not O(slots): the per-slot arrays are shared
-    /// copy-on-write, and encoding them happens later, without the lock. Once it is durable,
-    /// the aged segments become free and the other quarantined ones age (see `segments`).
+    /// copy-on-write, and encoding them happens later, without the lock.
     pub fn snapshot(&self) -> Snapshot {
         Snapshot {
             slots: self.index.snapshot(),
             crcs: self.crcs.clone(),
             open: self.segs.head,
-            free: self.segs.free_order_after_checkpoint(),
+            free: self.segs.free_order(),
             lost: self.lost.ranges().collect(),
-            release: self.segs.releasable(),
-            age: self.segs.quarantined_young(),
+            seals: self.segs.seals(),
         }
     }
 
@@ -161,7 +159,32 @@ impl State {
                     }
                 }
             }
+            Kind::Free => self.free_segment(e.aux),
         }
+    }
+
+    /// Applies a FREE record: unmaps what is left in the segment and frees it (see `segments`).
+    /// Live, reclaim has emptied it and nothing is left. Replayed, a checkpoint may still map
+    /// blocks there that reclaim evicted (clean: the backing store has them) or moved by a
+    /// record the replay skipped as damaged or lost in a gap (dirty: the block is lost, since
+    /// the segment may be overwritten by now and nothing else holds its data).
+    fn free_segment(&mut self, seg: u64) {
+        let Ok(seg) = u32::try_from(seg) else { return };
+        if !self.segs.freeable(seg) {
+            return;
+        }
+        let bps = self.segs.blocks_per_segment();
+        let left: Vec<(u32, u64)> = self
+            .index
+            .slots_in(seg * bps, bps)
+            .map(|(slot, info)| (slot, info.lba))
+            .collect();
+        for (slot, lba) in left {
+            if self.unmap_if(lba, slot) == Some(true) {
+                self.lost.insert(lba, 1);
+            }
+        }
+        self.segs.free_by_record(seg);
     }
 }
 
@@ -173,16 +196,12 @@ pub struct Snapshot {
     pub crcs: CowVec<u32>,
     /// The segment the log was filling.
     pub open: Option<Head>,
-    /// Free segments in the order the log takes them once this checkpoint is durable.
+    /// Free segments in the order the log takes them.
     pub free: Vec<u32>,
     /// Ranges of lost blocks.
     pub lost: Vec<(u64, u64)>,
-    /// Segments released once this checkpoint is durable (in this order, the end of `free`):
-    /// quarantined before the newest durable checkpoint's snapshot.
-    pub release: Vec<u32>,
-    /// Segments quarantined since, which this checkpoint no longer references: they age once it
-    /// is durable, and the next checkpoint releases them. Later ones may still be mapped by it.
-    pub age: Vec<u32>,
+    /// Segments sealed so far (not on the device: see `Segments::reusable`).
+    pub seals: u64,
 }
 
 /// Waits until no read started before `segments` were emptied is still running, so their slots
@@ -205,6 +224,47 @@ mod tests {
     use super::*;
     use std::sync::mpsc;
     use std::sync::Arc;
+
+    fn entry(kind: Kind, lba: u64, nblocks: u32, aux: u64, dirty: bool) -> Entry {
+        Entry {
+            kind,
+            dirty,
+            lba,
+            nblocks,
+            aux,
+            volume: 0,
+            data_crc: 0,
+        }
+    }
+
+    /// Replayed after a checkpoint that still maps blocks into the segment, a FREE record drops
+    /// the clean ones (the backing store has them) and loses the dirty ones (the record that
+    /// moved or cleaned them did not replay, and the segment may hold new log by now), then frees
+    /// the segment; it leaves alone a segment that is free or the log's head.
+    #[test]
+    fn a_free_record_unmaps_its_segment_and_frees_it() {
+        let mut st = State::new(Index::new(64), Segments::new(4, 16));
+        for seg in 0..3 {
+            st.segs.open_next(seg as u64);
+            st.segs.seal_head();
+        }
+        st.segs.open_next(3);
+        st.apply(&entry(Kind::Write, 100, 2, 0, false), 16, &[0, 0]);
+        st.apply(&entry(Kind::Write, 200, 1, 0, true), 18, &[0]);
+        st.apply(&entry(Kind::Write, 300, 1, 0, true), 48, &[0]);
+        st.apply(&entry(Kind::Free, 0, 1, 1, false), 0, &[]);
+        assert_eq!(st.index.get(100), None);
+        assert_eq!(st.index.get(200), None);
+        assert!(st.lost.overlaps(200, 1), "the dirty block is lost");
+        assert!(!st.lost.overlaps(100, 2), "the clean ones are not");
+        assert_eq!(st.segs.free_order(), vec![1]);
+        assert_eq!((st.segs.live(1), st.segs.dirty(1)), (0, 0));
+        // The head (segment 3) and a free segment are not freed again.
+        st.apply(&entry(Kind::Free, 0, 1, 3, false), 0, &[]);
+        st.apply(&entry(Kind::Free, 0, 1, 1, false), 0, &[]);
+        assert_eq!(st.index.get(300), Some(48));
+        assert_eq!(st.segs.free_order(), vec![1]);
+    }
 
     /// A reader leaving its segment while another thread waits to write the state must not
     /// deadlock with the wait for readers (this hung the server under a write-through load: the

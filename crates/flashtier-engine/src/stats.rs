@@ -85,6 +85,9 @@ counters! {
     /// Segments reclaim emptied by copying all their blocks forward instead of evicting any
     /// (compaction, `reclaim_compact_pct`); included in reclaimed_segments.
     compacted_segments,
+    /// Segments reclaim emptied that a FREE record gave back to the log (the others wait in
+    /// quarantine for checkpoints, see `segments`).
+    freed_segments,
     /// Dirty blocks written back to the backing store.
     cleaned_blocks,
     /// Writes to the backing store by the cleaner (after coalescing).

@@ -36,9 +36,11 @@
 //!  2048 2048 copy of bytes 0..2048 of the previous header (zeroes: none known)
 //! entry:
 //!     0   8 first LBA (in cache blocks)
-//!     8   8 aux: MOVE → slot the blocks are moved from; CLEANED, LOST → slot of the first block
-//!    16   4 block count
-//!    20   1 kind (1 WRITE, 2 PROMOTE, 3 MOVE, 4 INVALIDATE, 5 CLEANED, 6 LOST)
+//!     8   8 aux: MOVE → slot the blocks are moved from; CLEANED, LOST → slot of the first block;
+//!              FREE → the segment freed
+//!    16   4 block count (FREE: 1, the one segment)
+//!    20   1 kind (1 WRITE, 2 PROMOTE, 3 MOVE, 4 INVALIDATE, 5 CLEANED, 6 LOST, 7 FREE; FREE
+//!              exists since format version 3)
 //!    21   1 flags (bit 0: the blocks are dirty)
 //!    22   2 volume id
 //!    24   4 CRC32C of this record's data blocks (0 when it has none)
@@ -83,6 +85,11 @@ pub enum Kind {
     /// on since, they are dropped and marked lost (reads fail until the blocks are written again
     /// or the loss is acknowledged with an INVALIDATE). Clean ones are just dropped.
     Lost = 6,
+    /// Reclaim emptied segment `aux`: whatever is still mapped there is unmapped (a
+    /// checkpoint's view of blocks evicted since; a dirty one is lost, as its move or write-back
+    /// was not replayed), and the segment joins the end of the free list, so recovery learns the
+    /// order the log takes free segments in from the log itself (see `segments`).
+    Free = 7,
 }
 
 impl Kind {
@@ -94,6 +101,7 @@ impl Kind {
             4 => Kind::Invalidate,
             5 => Kind::Cleaned,
             6 => Kind::Lost,
+            7 => Kind::Free,
             _ => return None,
         })
     }
@@ -421,6 +429,28 @@ mod tests {
             ],
             ordinal: 0,
         }
+    }
+
+    /// FREE (format version 3) is kind 7, carries no data and names its segment in `aux`.
+    #[test]
+    fn a_free_record_decodes_as_written() {
+        let mut h = sample();
+        h.entries = vec![Entry {
+            kind: Kind::Free,
+            dirty: false,
+            lba: 0,
+            nblocks: 1,
+            aux: 41,
+            volume: 0,
+            data_crc: 0,
+        }];
+        let mut b = vec![0u8; HEADER_FIELDS];
+        h.encode(&NO_PREV, &mut b);
+        assert_eq!(b[ENTRIES_AT + 20], 7);
+        assert_eq!(le::u64(&b, ENTRIES_AT + 8), 41);
+        let back = BatchHeader::decode(&b).unwrap();
+        assert_eq!(back.entries, h.entries);
+        assert_eq!(back.data_blocks(), 0);
     }
 
     /// The two batches of no records that vouch for a sync differ only in their ordinal, at

@@ -25,7 +25,7 @@
 //!   lost:      16 bytes per range of lost blocks: first LBA u64, block count u64
 //! ```
 
-use super::{le, Corruption, Structure, FORMAT_VERSION};
+use super::{le, readable_version, Corruption, Structure, FORMAT_VERSION};
 use crate::FormatError;
 
 /// The first 8 bytes of every checkpoint.
@@ -237,7 +237,7 @@ impl Checkpoint {
             return Err(FormatError::Corrupt(Corruption::NoCheckpoint));
         }
         let version = le::u32(h, 8);
-        if version != FORMAT_VERSION {
+        if !readable_version(version) {
             return Err(FormatError::UnsupportedVersion(version));
         }
         if crc32c::crc32c(&h[..HEADER_LEN - 4]) != le::u32(h, HEADER_LEN - 4) {
@@ -457,11 +457,21 @@ mod tests {
         let header = Checkpoint::decode_header(&b).unwrap();
         assert!(Checkpoint::decode_body(&header, &b[HEADER_LEN..]).is_err());
         assert!(Checkpoint::decode_body(&header, &b[HEADER_LEN..HEADER_LEN + 8]).is_err());
-        let mut v = bytes;
-        v[8] = 3;
+        let mut v = bytes.clone();
+        v[8] = 4;
         assert!(matches!(
             Checkpoint::decode_header(&v),
-            Err(FormatError::UnsupportedVersion(3))
+            Err(FormatError::UnsupportedVersion(4))
         ));
+        // A version-2 checkpoint (before FREE records; the same layout) is read as it is.
+        let mut v2 = bytes;
+        le::put_u32(&mut v2, 8, 2);
+        let crc = crc32c::crc32c(&v2[..HEADER_LEN - 4]);
+        le::put_u32(&mut v2, HEADER_LEN - 4, crc);
+        let header = Checkpoint::decode_header(&v2).unwrap();
+        assert_eq!(
+            Checkpoint::decode_body(&header, &v2[HEADER_LEN..]).unwrap(),
+            sample()
+        );
     }
 }

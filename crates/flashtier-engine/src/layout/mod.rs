@@ -114,8 +114,19 @@ impl std::fmt::Display for Structure {
     }
 }
 
-/// The format this code writes and the only one it reads.
-pub const FORMAT_VERSION: u32 = 2;
+/// The format this code writes. Version 3 added the FREE record (`batch::Kind::Free`): reclaim
+/// logs the segments it frees instead of waiting two checkpoints to reuse them.
+pub const FORMAT_VERSION: u32 = 3;
+
+/// The oldest format this code reads. A version-2 cache is the same but for FREE records, which
+/// its log cannot hold, so it opens as it is; opening writes a version-3 superblock, which a
+/// flashtier that reads only version 2 refuses (it would take a FREE record for damage).
+pub const OLDEST_READABLE_VERSION: u32 = 2;
+
+/// Whether this code reads caches of format `version`.
+pub fn readable_version(version: u32) -> bool {
+    (OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&version)
+}
 
 /// Size of a superblock copy and the unit of metadata alignment.
 pub const META_BLOCK: u64 = 4096;

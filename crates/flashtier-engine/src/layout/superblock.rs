@@ -32,7 +32,7 @@
 
 pub use flashtier_io::identity::IdentityField;
 
-use super::{le, Corruption, Geometry, Structure, FORMAT_VERSION, META_BLOCK};
+use super::{le, readable_version, Corruption, Geometry, Structure, FORMAT_VERSION, META_BLOCK};
 use crate::policy::{Mode, ReclaimPolicy};
 use crate::FormatError;
 
@@ -297,7 +297,7 @@ impl Superblock {
         // naming another version is believed only if it checks out. Otherwise it is a damaged
         // copy (a flipped byte in the version field refused the whole device, found by the
         // corruption campaign), and the other copy is used.
-        if version != FORMAT_VERSION && crc_ok {
+        if !readable_version(version) && crc_ok {
             return Err(FormatError::UnsupportedVersion(version));
         }
         if !crc_ok {
@@ -489,7 +489,8 @@ mod tests {
         b[4092..].copy_from_slice(&crc.to_le_bytes());
         let expected = sample();
         assert_eq!(Superblock::decode(&b).unwrap(), expected);
-        assert_eq!(expected.encode().unwrap(), b);
+        // Written back as version 3, the layout otherwise the same (see `FORMAT_VERSION`).
+        assert_eq!(expected.encode().unwrap(), with_version(&b, 3));
     }
 
     fn with_fingerprint(bytes: &[u8], at: usize, patch: &[u8]) -> Result<Superblock, FormatError> {
@@ -615,13 +616,16 @@ mod tests {
             Superblock::decode(&[0u8; LEN]),
             Err(FormatError::NotACache)
         ));
-        for old_or_new in [1u32, 3] {
+        // Version 2 (before FREE records) is read as it is.
+        let v2 = with_version(&good, 2);
+        assert_eq!(Superblock::decode(&v2).unwrap(), sample());
+        for old_or_new in [1u32, FORMAT_VERSION + 1] {
             let other = with_version(&good, old_or_new);
             assert!(matches!(
                 Superblock::decode(&other),
                 Err(FormatError::UnsupportedVersion(v)) if v == old_or_new
             ));
-            // The same bytes without a matching checksum: a damaged version-2 copy.
+            // The same bytes without a matching checksum: a damaged copy.
             let mut damaged = good;
             damaged[8..12].copy_from_slice(&old_or_new.to_le_bytes());
             assert!(matches!(
@@ -662,18 +666,19 @@ mod tests {
     fn one_copy_of_an_unknown_version_refuses_the_device() {
         let mut newer = sample();
         newer.generation = 8;
-        let v3 = with_version(&newer.encode().unwrap(), 3);
-        let v2 = sample().encode().unwrap();
-        for (a, b) in [(&v3, &v2), (&v2, &v3)] {
+        let unknown = FORMAT_VERSION + 1;
+        let newer = with_version(&newer.encode().unwrap(), unknown);
+        let ours = sample().encode().unwrap();
+        for (a, b) in [(&newer, &ours), (&ours, &newer)] {
             assert!(matches!(
                 Superblock::choose(a, b),
-                Err(FormatError::UnsupportedVersion(3))
+                Err(FormatError::UnsupportedVersion(v)) if v == unknown
             ));
         }
         // A version field damaged in one copy (checksum wrong) is not another version.
-        let mut flipped = v2;
+        let mut flipped = ours;
         flipped[9] ^= 0x40;
-        assert_eq!(Superblock::choose(&flipped, &v2).unwrap(), sample());
+        assert_eq!(Superblock::choose(&flipped, &ours).unwrap(), sample());
     }
 
     /// `b` as another version would write it (the checksum matches).
