@@ -15,7 +15,8 @@
 //! - a decoded value re-encodes to the same value (`decode(encode(x)) == x`), and, byte for byte,
 //!   to the input with only the bytes the format leaves free normalised (reserved fields and
 //!   flag bits zeroed, unused space after the identity or the entries zeroed, checksums
-//!   recomputed): the decoder read every field from its place and dropped nothing;
+//!   recomputed, an older version this build reads set to the one it writes): the decoder read
+//!   every field from its place and dropped nothing;
 //! - a decoded superblock obeys the geometry rules the decoder promises to enforce (computed
 //!   without overflow); a decoded checkpoint header's body length is exactly what its counts
 //!   say (without overflow); a decoded checkpoint body has exactly the counted free segments
@@ -30,7 +31,7 @@
 use flashtier_engine::internals::batch::{self, BatchHeader};
 use flashtier_engine::internals::checkpoint::{self, Checkpoint};
 use flashtier_engine::internals::superblock::{self, Superblock};
-use flashtier_engine::internals::{FORMAT_VERSION, META_BLOCK};
+use flashtier_engine::internals::{FORMAT_VERSION, META_BLOCK, OLDEST_READABLE_VERSION};
 use flashtier_engine::FormatError;
 
 pub const SUPERBLOCK: u8 = 0;
@@ -160,6 +161,8 @@ fn check_superblock(b: &[u8], sb: &Superblock) {
     );
     // The input with what the format leaves free normalised.
     let mut want = b[..superblock::LEN].to_vec();
+    assert!((OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&le32(&want, 8)));
+    want[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
     let flags = le32(&want, 12) & 1;
     want[12..16].copy_from_slice(&flags.to_le_bytes());
     want[52..56].fill(0);
@@ -377,7 +380,8 @@ fn checkpoint(mut b: Vec<u8>, fix: bool) -> Ended {
     assert_eq!(c2, c, "checkpoint: decode(encode(x)) != x");
 
     let mut want = b[..len].to_vec();
-    assert_eq!(le32(&want, 8), FORMAT_VERSION);
+    assert!((OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&le32(&want, 8)));
+    want[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
     want[12..16].fill(0);
     if le32(&want, 40) == u32::MAX {
         want[44..48].fill(0); // no open segment: its block count means nothing

@@ -100,7 +100,9 @@ pub use writeback_control::{WritebackState, WritebackStatus};
 /// carries no stability promise.
 #[doc(hidden)]
 pub mod internals {
-    pub use crate::layout::{batch, checkpoint, superblock, FORMAT_VERSION, META_BLOCK};
+    pub use crate::layout::{
+        batch, checkpoint, superblock, FORMAT_VERSION, META_BLOCK, OLDEST_READABLE_VERSION,
+    };
 }
 
 /// Errors reading or writing the on-device format.
