@@ -728,13 +728,14 @@ fn on_device_seeds(root: &Path) -> usize {
     seed("choose-newest-torn", CHOOSE, &[&torn, old], &ok);
     seed("choose-one-copy-blank", CHOOSE, &[old, &vec![0; len]], &ok);
     seed("choose-fix-crc", CHOOSE | FIX_CRC, &[&no_crc, old], &ok);
+    let unknown = flashtier_engine::internals::FORMAT_VERSION + 1;
     let mut newer = new.clone();
-    newer[8] = 3;
+    newer[8..12].copy_from_slice(&unknown.to_le_bytes());
     seed(
         "choose-unknown-version",
         CHOOSE | FIX_CRC,
         &[old, &newer],
-        &|e| matches!(e, on_device::Ended::Rejected(m) if m.contains("version 3")),
+        &|e| matches!(e, on_device::Ended::Rejected(m) if m.contains(&format!("version {unknown}"))),
     );
 
     // Checkpoints: the formatted device's (every segment free, no entries) and the newest one
@@ -770,6 +771,7 @@ fn on_device_seeds(root: &Path) -> usize {
                 Kind::Invalidate => "invalidate",
                 Kind::Cleaned => "cleaned",
                 Kind::Lost => "lost",
+                Kind::Free => "free",
             };
             if !kinds.contains(&k) {
                 kinds.push(k);
@@ -795,6 +797,25 @@ fn on_device_seeds(root: &Path) -> usize {
         let mut no_crc = block[..4096].to_vec();
         no_crc[2044..2048].fill(0);
         seed("batch-fix-crc", BATCH | FIX_CRC, &[&no_crc], &ok);
+    }
+    // A FREE record (format version 3): the small cache above seldom reclaims, so this batch
+    // is the first one of the log with its records replaced by FREE records of two segments.
+    if let Some((h, block)) = headers.iter().find(|(h, _)| !h.is_seal()) {
+        let mut free = h.clone();
+        free.entries = [3u64, 5]
+            .map(|segment| flashtier_engine::internals::batch::Entry {
+                kind: Kind::Free,
+                dirty: false,
+                lba: 0,
+                nblocks: 1,
+                aux: segment,
+                volume: 0,
+                data_crc: 0,
+            })
+            .to_vec();
+        let mut out = vec![0u8; 4096];
+        free.encode(&block[2048..4096], &mut out);
+        seed("batch-free", BATCH, &[&out], &ok);
     }
     w.count
 }
