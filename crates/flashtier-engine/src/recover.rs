@@ -4,8 +4,9 @@
 //! # Where the log ends, and damage in the middle of it
 //!
 //! Replay follows the log from the checkpoint's head through the free segments in the order the
-//! checkpoint recorded, then those FREE records freed after it, in record order (see `segments`). A header is accepted only if it checks out, its first sequence number is
-//! exactly the next one expected, and its epoch is not older than the last accepted one.
+//! checkpoint recorded, then those FREE records freed after it, in record order (see
+//! `segments`). A header is accepted only if it checks out, its first sequence number is exactly
+//! the next one expected, and its epoch is not older than the last accepted one.
 //!
 //! Something that does not check out is either the torn tail a crash leaves (batches written but
 //! not synced, which may be lost or half-written in any order) or damage to the media in the part
@@ -45,9 +46,9 @@
 //! is in the next header of its segment or, if its batch filled the segment, in the first header
 //! of another: then the records the copy describes name the damaged segment by their checksums
 //! (the segment matching the most of them, and never one a MOVE among them copied from: reclaim's
-//! victim holds the moved data until it is freed and reused, at the same place when a run is copied
-//! from its start). When that copy is damaged too, the log went on in the segment holding the
-//! lowest-numbered later header behind a first block that is no header of this log, and the
+//! victim holds the moved data until it is freed and reused, at the same place when a run is
+//! copied from its start). When that copy is damaged too, the log went on in the segment holding
+//! the lowest-numbered later header behind a first block that is no header of this log, and the
 //! records before that header are a gap, as they would be replaying from the newest checkpoint.
 
 use std::collections::VecDeque;
@@ -1258,11 +1259,11 @@ pub fn recover(dev: &dyn BlockDev, sb: &Superblock) -> Result<Recovered, EngineE
 /// or a block reclaim moved, which still lives where it was moved from) is simply not cached.
 ///
 /// A MOVE of a *dirty* block is a client write's only copy too: once the MOVE was logged, reclaim
-/// could free the segment it moved from, and the log reuse it. A
-/// replay from an older checkpoint (the newer one damaged) then finds the source overwritten, and
-/// the block would read the backing store's older data (found by the long corruption campaign:
-/// wrong data after damage to a MOVE record and to the newest checkpoint). So the dirty blocks it
-/// moved are lost too; clean ones are on the backing store anyway.
+/// could free the segment it moved from, and the log reuse it. A replay from an older checkpoint
+/// (the newer one damaged) then finds the source overwritten, and the block would read the
+/// backing store's older data (found by the long corruption campaign: wrong data after damage to
+/// a MOVE record and to the newest checkpoint). So the dirty blocks it moved are lost too; clean
+/// ones are on the backing store anyway.
 fn skip_damaged(state: &mut State, e: &batch::Entry, seq: u64) -> Damage {
     let record = Damage::Record {
         seq,
@@ -1665,9 +1666,7 @@ mod tests {
         let free = vec![entry(Kind::Free, 0, 1, 3, 0), entry(Kind::Free, 0, 1, 2, 0)];
         let f = l.put(&l.header(HeaderKind::Batch, 11, free), &w1, 1, 2);
         let seal = l.put(&l.header(HeaderKind::Seal, 13, Vec::new()), &f, 1, 3);
-        // Segment 2 holds an older header of this log numbered as expected next: only the
-        // order the records freed them in says segment 3 comes first.
-        l.put_write(13, 1, 9, &none, 2, 0);
+        // Segment 3 first, then 2: the order the records freed them in.
         let w3 = l.put_write(13, 2, 3, &seal, 3, 0);
         let s3 = l.put(&l.header(HeaderKind::Seal, 14, Vec::new()), &w3, 3, 3);
         l.put_write(14, 1, 4, &s3, 2, 0);
