@@ -14,7 +14,9 @@ server is sent, and fio sends them through the nbd engine at QD16. Then:
   LRU, S3-FIFO  `flashtier advise TRACE --sample 1` at the cache's capacity in blocks: exact
                 simulations of the very requests flashtier served
   LRU at live   exact LRU holding only as many blocks as flashtier held live at the end
-  live          live blocks / capacity at the end (status), and the share of log slots that
+  live          live blocks / capacity at the end (status); where the workload touched fewer
+                blocks than the cache holds, also of those (the target is checked on that: a
+                cache that never filled holds all it was sent); and the share of log slots that
                 went to batch headers (batches / (batches + blocks written to the log))
   device ÷ client writes
                 bytes written to the cache device (the clients' data, promotions, blocks reclaim
@@ -378,6 +380,20 @@ def label(r):
     return r["workload"]
 
 
+def live_share(r):
+    """Live blocks at the end against what the cache could hold: its capacity, or every block the
+    workload touched where that is fewer (a cache that never filled holds all it was sent, and its
+    share of the capacity says how big the workload was, not how well reclaim keeps space)."""
+    return r["live_blocks"] / min(r["capacity_blocks"], r["working_set_blocks"])
+
+
+def live_cell(r):
+    cell = f"{r['live_fraction']:.1%}"
+    if r["working_set_blocks"] < r["capacity_blocks"]:
+        cell += f" ({live_share(r):.1%} of the {r['working_set_blocks']:,} blocks touched)"
+    return cell
+
+
 def report(args, machine, rows, doc, out, wall):
     zo = [r for r in rows if r["workload"].startswith(("zipf", "oltp"))]
     targets = [
@@ -386,8 +402,8 @@ def report(args, machine, rows, doc, out, wall):
         ("read miss ratio <= 0.9x exact LRU on the zipf and OLTP traces",
          check(all(r["vs_lru"] <= 0.9 for r in zo), max(r["vs_lru"] for r in zo), "x at worst") if zo
          else ("not run", "")),
-        ("live >= 90% of capacity",
-         check(all(r["live_fraction"] >= 0.9 for r in rows), min(r["live_fraction"] for r in rows) * 100,
+        ("live >= 90% of capacity (of the blocks touched, where the cache could hold them all)",
+         check(all(live_share(r) >= 0.9 for r in rows), min(live_share(r) for r in rows) * 100,
                "% at worst")),
     ]
     doc["targets"] = targets
@@ -453,7 +469,7 @@ def report(args, machine, rows, doc, out, wall):
     for r in rows:
         md.append(f"| {label(r)} | {r['flashtier_miss_ratio']:.1%} | {r['lru_miss_ratio']:.1%} | "
                   f"{r['vs_lru']:.2f}x | {r['s3fifo_miss_ratio']:.1%} | {r['fifo_miss_ratio']:.1%} | "
-                  f"{r['lru_at_live_miss_ratio']:.1%} | {r['live_fraction']:.1%} | {r['header_share']:.1%} | "
+                  f"{r['lru_at_live_miss_ratio']:.1%} | {live_cell(r)} | {r['header_share']:.1%} | "
                   f"{amplification(r)} | {replayed(r)} |")
     md += ["", "The last column is `flashtier advise --engine` on the trace the server recorded, replayed whole "
            "into a real cache of the same capacity at the pace the server took it: the advisor's own flashtier "
@@ -487,6 +503,8 @@ def report(args, machine, rows, doc, out, wall):
     def tick(r):
         if group_of(r) == "oltp":
             return f"oltp\n{r['cache_bytes'] >> 20} MiB\nlive {r['live_fraction']:.0%}"
+        if r["working_set_blocks"] < r["capacity_blocks"]:
+            return f"{r['workload']}\nlive {r['live_fraction']:.0%}\n({live_share(r):.0%} of touched)"
         return f"{r['workload']}\nlive {r['live_fraction']:.0%}"
     ax.set_xticks(list(xs), [tick(r) for r in rows], fontsize=8)
     ax.set_ylabel("read miss ratio (%)")
