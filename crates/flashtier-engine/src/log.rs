@@ -388,9 +388,9 @@ pub struct Log {
     /// Sequence number of the last record applied (0: none yet).
     pub applied_seq: AtomicU64,
     /// The seals the older checkpoint recovery may start from had seen at its snapshot, plus
-    /// one: reclaim may free a segment sealed before it (see `Segments::reusable`). 0 until a
-    /// checkpoint after opening is durable.
-    pub reuse_threshold: AtomicU64,
+    /// one (0 until a checkpoint after opening is durable): read it with
+    /// [`Log::seals_at_older_checkpoint`], set it with [`Log::older_checkpoint_saw_seals`].
+    reuse_threshold: AtomicU64,
     /// CLEANED and LOST records whose change the state already shows but which are not queued
     /// yet (see [`Log::hint_made`]).
     unqueued_hints: AtomicU64,
@@ -408,6 +408,18 @@ pub struct Log {
 }
 
 impl Log {
+    /// How many segments the older of the two newest durable checkpoints (the one recovery may
+    /// fall back to) had seen sealed at its snapshot; `None` until a checkpoint since opening is
+    /// durable. A segment sealed before it may be freed (see `Segments::reusable`).
+    pub(crate) fn seals_at_older_checkpoint(&self) -> Option<u64> {
+        self.reuse_threshold.load(Ordering::Acquire).checked_sub(1)
+    }
+
+    /// A checkpoint became durable; the one before it, now the older, had seen `seals`.
+    pub(crate) fn older_checkpoint_saw_seals(&self, seals: u64) {
+        self.reuse_threshold.store(seals + 1, Ordering::Release);
+    }
+
     /// A log handle whose records carry at most `largest_record` bytes of data.
     pub(crate) fn new(largest_record: usize) -> Log {
         Log {

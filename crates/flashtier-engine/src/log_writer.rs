@@ -1380,8 +1380,9 @@ impl Writer {
             let stuck =
                 st.segs.head.is_none() && st.segs.free_count() == 0 && self.log().hints_queued();
             let release: Vec<u32> = if stuck {
-                let threshold = self.log().reuse_threshold.load(Ordering::Acquire);
-                st.segs.reusable(threshold.checked_sub(1)).collect()
+                st.segs
+                    .reusable(self.log().seals_at_older_checkpoint())
+                    .collect()
             } else {
                 Vec::new()
             };
@@ -1482,9 +1483,7 @@ impl Writer {
             .saturating_sub(inflight.blocks_at_snapshot);
         Stats::add(&self.e.stats.checkpoints, 1);
         let older = std::mem::replace(&mut self.newest_checkpoint_seals, inflight.seals);
-        self.log()
-            .reuse_threshold
-            .store(older + 1, Ordering::Release);
+        self.log().older_checkpoint_saw_seals(older);
         let dropped = std::mem::replace(
             &mut self.newest_checkpoint_hints_dropped,
             inflight.hints_dropped,

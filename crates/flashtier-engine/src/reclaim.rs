@@ -27,7 +27,6 @@
 //! backoff, 100 ms doubling to 5 s, reset by a round that succeeds; dirty blocks stay meanwhile.
 
 use std::io;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -132,7 +131,7 @@ pub(crate) fn reclaim_until_target(e: &Engine) -> io::Result<()> {
                     e.reclaim_policy(),
                     compact_pct,
                     geo.blocks_per_segment(),
-                    e.log.reuse_threshold.load(Ordering::Acquire).checked_sub(1),
+                    e.log.seals_at_older_checkpoint(),
                 ),
             )
         };
@@ -180,8 +179,7 @@ fn free_reusable(e: &Engine) -> io::Result<()> {
     if !e.log.frees_allowed() {
         return Ok(());
     }
-    // 0: no checkpoint since opening (see `Log::reuse_threshold`).
-    let threshold = e.log.reuse_threshold.load(Ordering::Acquire).checked_sub(1);
+    let threshold = e.log.seals_at_older_checkpoint();
     let reusable: Vec<u32> = {
         let st = e.state.read();
         if st.segs.quarantined_count() == 0 {
