@@ -73,6 +73,16 @@ pub(crate) fn reclaim_low_water(segment_count: u32) -> usize {
     RESERVE + 1 + segment_count as usize / 32
 }
 
+/// What a checkpoint's snapshot saw of the counters that decide when segments may be freed (see
+/// [`Log::older_checkpoint_saw`]); zero for the checkpoint recovery loaded.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SnapshotMarks {
+    /// Segments sealed (`Segments::seals`).
+    pub seals: u64,
+    /// CLEANED and LOST records dropped ([`Log::hints_dropped`]).
+    pub hints_dropped: u64,
+}
+
 /// Where the log writer starts after opening.
 pub(crate) struct LogStart {
     pub next_seq: u64,
@@ -389,7 +399,7 @@ pub struct Log {
     pub applied_seq: AtomicU64,
     /// The seals the older checkpoint recovery may start from had seen at its snapshot, plus
     /// one (0 until a checkpoint after opening is durable): read it with
-    /// [`Log::seals_at_older_checkpoint`], set it with [`Log::older_checkpoint_saw_seals`].
+    /// [`Log::seals_at_older_checkpoint`], set by [`Log::older_checkpoint_saw`].
     reuse_threshold: AtomicU64,
     /// CLEANED and LOST records whose change the state already shows but which are not queued
     /// yet (see [`Log::hint_made`]).
@@ -415,9 +425,14 @@ impl Log {
         self.reuse_threshold.load(Ordering::Acquire).checked_sub(1)
     }
 
-    /// A checkpoint became durable; the one before it, now the older, had seen `seals`.
-    pub(crate) fn older_checkpoint_saw_seals(&self, seals: u64) {
-        self.reuse_threshold.store(seals + 1, Ordering::Release);
+    /// A checkpoint became durable; the one before it, now the older one recovery may start
+    /// from, had seen `marks` at its snapshot. Segments sealed before it may be freed, and FREE
+    /// records are written again if no CLEANED or LOST record was dropped since.
+    pub(crate) fn older_checkpoint_saw(&self, marks: SnapshotMarks) {
+        self.reuse_threshold
+            .store(marks.seals + 1, Ordering::Release);
+        self.hints_dropped_at_older
+            .store(marks.hints_dropped, Ordering::Release);
     }
 
     /// A log handle whose records carry at most `largest_record` bytes of data.
@@ -590,13 +605,6 @@ impl Log {
 
     pub(crate) fn hints_dropped(&self) -> u64 {
         self.hints_dropped.load(Ordering::Acquire)
-    }
-
-    /// A checkpoint is durable, and the one before it, snapshotted when `dropped` hints had been
-    /// dropped, is now the older one recovery may start from.
-    pub(crate) fn older_checkpoint_saw_hints_dropped(&self, dropped: u64) {
-        self.hints_dropped_at_older
-            .store(dropped, Ordering::Release);
     }
 
     /// Whether a FREE record may be written now (see [`Log::hint_dropped`]).

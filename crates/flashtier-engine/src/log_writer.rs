@@ -56,7 +56,7 @@ use crate::layout::checkpoint::{CheckpointEntry, Frame, LogHead};
 use crate::layout::Geometry;
 use crate::log::{
     complete, reclaim_low_water, Appended, CheckpointError, Lead, Log, LogError, LogStart, Op,
-    Queue, Record, Ticket, Written, DROPPED, RESERVE,
+    Queue, Record, SnapshotMarks, Ticket, Written, DROPPED, RESERVE,
 };
 use crate::mailbox::Mailbox;
 use crate::segments::Head;
@@ -109,10 +109,8 @@ struct Job {
 struct InFlight {
     number: u64,
     next_seq: u64,
-    /// Segments sealed by the snapshot (see `Segments::reusable`).
-    seals: u64,
-    /// `Log::hints_dropped` at the snapshot.
-    hints_dropped: u64,
+    /// What the snapshot saw (see `Segments::reusable` and `Log::hint_dropped`).
+    marks: SnapshotMarks,
     /// Quarantined segments the checkpoint frees once durable: only when the log had no room
     /// left even for a FREE record (see [`Writer::begin_checkpoint`]).
     release: Vec<u32>,
@@ -192,12 +190,9 @@ pub struct Writer {
     retry: Duration,
     last_checkpoint: Instant,
     checkpointed_seq: u64,
-    /// The seals the newest durable checkpoint had seen at its snapshot (0 for the one recovery
-    /// loaded): once a newer one is durable, segments sealed before it may be freed (see
-    /// `Segments::reusable`).
-    newest_checkpoint_seals: u64,
-    /// `Log::hints_dropped` at that snapshot.
-    newest_checkpoint_hints_dropped: u64,
+    /// What the newest durable checkpoint's snapshot saw (zero for the one recovery loaded):
+    /// once a newer one is durable, it is the older one's (see `Log::older_checkpoint_saw`).
+    newest_checkpoint: SnapshotMarks,
     /// A FREE record was written since the last sync: the next segment opened must wait for one.
     free_unsynced: bool,
     /// Log blocks written since the last checkpoint: replay reads at most this much.
@@ -427,8 +422,7 @@ impl Writer {
             } else {
                 start.next_seq
             },
-            newest_checkpoint_seals: 0,
-            newest_checkpoint_hints_dropped: 0,
+            newest_checkpoint: SnapshotMarks::default(),
             free_unsynced: false,
             blocks_since_checkpoint: start.replayed_blocks,
             inflight: None,
@@ -1396,8 +1390,10 @@ impl Writer {
         let inflight = InFlight {
             number,
             next_seq: self.next_seq,
-            seals: snap.seals,
-            hints_dropped: self.log().hints_dropped(),
+            marks: SnapshotMarks {
+                seals: snap.seals,
+                hints_dropped: self.log().hints_dropped(),
+            },
             release,
             blocks_at_snapshot: self.blocks_since_checkpoint,
             waiters,
@@ -1482,13 +1478,8 @@ impl Writer {
             .blocks_since_checkpoint
             .saturating_sub(inflight.blocks_at_snapshot);
         Stats::add(&self.e.stats.checkpoints, 1);
-        let older = std::mem::replace(&mut self.newest_checkpoint_seals, inflight.seals);
-        self.log().older_checkpoint_saw_seals(older);
-        let dropped = std::mem::replace(
-            &mut self.newest_checkpoint_hints_dropped,
-            inflight.hints_dropped,
-        );
-        self.log().older_checkpoint_saw_hints_dropped(dropped);
+        let older = std::mem::replace(&mut self.newest_checkpoint, inflight.marks);
+        self.log().older_checkpoint_saw(older);
         if !inflight.release.is_empty() {
             {
                 let mut st = self.e.state.write();
@@ -1503,7 +1494,7 @@ impl Writer {
         tracing::debug!(
             number = inflight.number,
             entries = written.entries,
-            older_seals = older,
+            older_seals = older.seals,
             "checkpoint"
         );
         Ok(())
