@@ -1654,10 +1654,13 @@ writeback_max_io_kib = 512
                 "[policy]\nsequential_cutoff_read_kib = 2000000\n",
                 &["sequential_cutoff_read_kib", "0..=1048576"],
             ),
-            ("[policy]\npromotion = \"sometimes\"\n", &["always | nhit"]),
+            (
+                "[policy]\npromotion = \"sometimes\"\n",
+                &["always | nhit | auto"],
+            ),
             (
                 "[policy]\npromotion = true\n",
-                &["promotion", "always | nhit"],
+                &["promotion", "always | nhit | auto"],
             ),
             ("[policy]\nreclaim_policy = [\"lru\"]\n", &["fifo | lru"]),
             (

@@ -226,24 +226,28 @@ const DEFS: &[Param] = &[
     },
     param! {
         name: "promotion",
-        choice: PromotionPolicy["always" | "nhit"],
-        default: "always",
-        doc: "When a block read from the backing store is cached: always (on its first miss), or \
+        choice: PromotionPolicy["always" | "nhit" | "auto"],
+        default: "auto",
+        doc: "When a block read from the backing store is cached: always (on its first miss), \
               nhit (only after promotion_nhit misses within promotion_window_secs, so blocks read \
-              once never displace the working set).",
+              once never displace the working set), or auto (as nhit while reclaim has evicted \
+              blocks within promotion_window_secs, else always: a cache that is filling, or \
+              larger than what is read, caches every miss).",
     },
     param! {
         name: "promotion_nhit",
         range: 1..=255,
         default: 2,
-        doc: "With promotion = nhit: misses of a block, within the window, that promote it.",
+        doc: "With promotion = nhit or auto: misses of a block, within the window, that promote \
+              it.",
     },
     param! {
         name: "promotion_window_secs",
         // A day.
         range: 1..=86400,
         default: 300,
-        doc: "With promotion = nhit: how long a block's misses are remembered.",
+        doc: "With promotion = nhit or auto: how long a block's misses are remembered; with \
+              auto, also how long after reclaim's last eviction misses are still counted.",
     },
     param! {
         name: "writeback_controller",
@@ -777,7 +781,7 @@ mod tests {
         let t = Tunables::default();
         assert_eq!(t.sequential_cutoff_read_bytes(), Some(4096 * 1024));
         assert_eq!(t.sequential_cutoff_write_bytes(), None);
-        assert_eq!(t.promotion(), PromotionPolicy::Always);
+        assert_eq!(t.promotion(), PromotionPolicy::Auto);
         assert_eq!(t.promotion_nhit(), 2);
         assert_eq!(t.promotion_window_secs(), 300);
         assert!(t.writeback_pi());

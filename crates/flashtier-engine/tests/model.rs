@@ -17,8 +17,8 @@
 //! Each case also draws live parameters, set after every open: a sequential write cutoff (off in
 //! 2 of 5 cases, else 4, 16 or 64 KiB, with writes that continue the previous one to make
 //! streams), so writes go around the cache in write-back and write-through too; a read cutoff;
-//! n-hit promotion. A write that went around the cache (as `bypassed_write_blocks` tells) is a
-//! bypass to the oracle.
+//! a promotion policy (always, nhit or auto). A write that went around the cache (as
+//! `bypassed_write_blocks` tells) is a bypass to the oracle.
 //!
 //! Nothing is steered around: reads and read-modify-writes hit blocks that an unflushed
 //! write-around write left volatile on the backing store, close and reopen happen with writes
@@ -127,20 +127,20 @@ struct Tunables {
     write_cutoff_kib: u32,
     /// `sequential_cutoff_read_kib` (`None`: the default).
     read_cutoff_kib: Option<u32>,
-    /// `promotion = nhit` with n = 2.
-    nhit: bool,
+    /// `promotion` (`None`: the default); `nhit` and `auto` with n = 2.
+    promotion: Option<&'static str>,
 }
 
 fn tunables_strategy() -> impl Strategy<Value = Tunables> {
     (
         prop_oneof![2 => Just(0u32), 1 => Just(4), 1 => Just(16), 1 => Just(64)],
         prop_oneof![3 => Just(None), 1 => Just(Some(0u32)), 1 => Just(Some(64))],
-        proptest::bool::weighted(0.2),
+        prop_oneof![3 => Just(None), 1 => Just(Some("nhit")), 1 => Just(Some("auto"))],
     )
-        .prop_map(|(write_cutoff_kib, read_cutoff_kib, nhit)| Tunables {
+        .prop_map(|(write_cutoff_kib, read_cutoff_kib, promotion)| Tunables {
             write_cutoff_kib,
             read_cutoff_kib,
-            nhit,
+            promotion,
         })
 }
 
@@ -269,8 +269,8 @@ impl World {
         if let Some(kib) = t.read_cutoff_kib {
             set.push(("sequential_cutoff_read_kib", kib.to_string()));
         }
-        if t.nhit {
-            set.push(("promotion", "nhit".into()));
+        if let Some(promotion) = t.promotion {
+            set.push(("promotion", promotion.into()));
         }
         for (name, value) in set {
             cache

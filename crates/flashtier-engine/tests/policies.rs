@@ -5,6 +5,9 @@
 //!   back and forth takes effect at once; hits are still served from the cache.
 //! - `promotion = nhit`: a block is promoted on its nth miss, not before; a read of several
 //!   blocks promotes exactly those that reached n; `always` promotes on the first miss again.
+//! - `promotion = auto`: every miss is promoted while reclaim has evicted nothing, and once it
+//!   evicts, a block needs its nth miss; `promotion_window_secs` after the last eviction, the
+//!   first miss promotes again.
 //! - `sequential_cutoff_write_kib`: in write-back and write-through, a write stream past the
 //!   cutoff reaches the backing store directly (aligned and unaligned writes), replaces cached
 //!   copies without leaving a stale one readable, keeps blocks that are dirty in the cache in
@@ -152,6 +155,91 @@ fn nhit_promotes_a_block_on_its_nth_miss() {
     c.set_param("promotion", "always").unwrap();
     block(30);
     promoted(&c, 7);
+    c.close().unwrap();
+}
+
+#[test]
+fn auto_counts_misses_only_while_reclaim_evicts() {
+    // 8 MiB of cache (1 MiB segments) for 64 MiB of data.
+    let (_bdev, c) = setup_sized(8 << 20, Mode::WriteBack);
+    c.set_param("promotion", "auto").unwrap();
+    c.set_param("sequential_cutoff_read_kib", "0").unwrap();
+    let block = |b: u64| read_seq(&c, b * BS, BS, BS);
+
+    // Nothing evicted yet: the first miss promotes.
+    block(10);
+    let s = promoted(&c, 1);
+    assert_eq!(s.promotions_skipped_blocks, 0, "{s:?}");
+
+    // Reading 4x the cache makes reclaim evict.
+    read_seq(&c, MIB, 32 * MIB, 64 << 10);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while c.stats().evicted_blocks == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "nothing evicted: {:?}",
+            c.stats()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let settled = |c: &Cache| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let s = c.stats();
+            if s.promoted_blocks
+                + s.promotions_dropped
+                + s.promotions_shed_blocks
+                + s.promotions_skipped_blocks
+                >= s.read_miss_blocks
+            {
+                std::thread::sleep(Duration::from_millis(100));
+                return c.stats();
+            }
+            assert!(Instant::now() < deadline, "promotions did not land: {s:?}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let before = settled(&c);
+    assert!(
+        before.promotions_skipped_blocks > 0,
+        "once reclaim evicted, misses were counted: {before:?}"
+    );
+
+    // Now a block read once is not promoted, and read again it is.
+    block(48 * 256);
+    let s = settled(&c);
+    assert_eq!(
+        s.promotions_skipped_blocks,
+        before.promotions_skipped_blocks + 1,
+        "{s:?}"
+    );
+    assert_eq!(s.promoted_blocks, before.promoted_blocks, "{s:?}");
+    block(48 * 256);
+    let s = promoted(&c, before.promoted_blocks + 1);
+    assert_eq!(
+        s.promotions_skipped_blocks,
+        before.promotions_skipped_blocks + 1,
+        "{s:?}"
+    );
+
+    // A window (1 s) with no eviction: the first miss promotes again.
+    c.set_param("promotion_window_secs", "1").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let evicted = c.stats().evicted_blocks;
+        std::thread::sleep(Duration::from_millis(2500));
+        if c.stats().evicted_blocks == evicted {
+            break;
+        }
+        assert!(Instant::now() < deadline, "reclaim never stopped evicting");
+    }
+    let before = c.stats();
+    block(50 * 256);
+    let s = promoted(&c, before.promoted_blocks + 1);
+    assert_eq!(
+        s.promotions_skipped_blocks, before.promotions_skipped_blocks,
+        "{s:?}"
+    );
     c.close().unwrap();
 }
 

@@ -294,16 +294,13 @@ impl Cache {
             Promote::All => PromotionPolicy::Always,
             Promote::Admitted => e.tunables.promotion(),
         };
-        if policy == PromotionPolicy::Always {
+        let (now, window) = (e.now_secs(), e.tunables.promotion_window_secs());
+        if !policy.filters(e.history.evicting(now, window)) {
             self.queue_promotion(lba, buf, since);
             return;
         }
         // n-hit: promote the runs of blocks that reached their nth recent miss.
-        let (table, now) = (e.history.misses(), e.now_secs());
-        let (nhit, window) = (
-            e.tunables.promotion_nhit(),
-            e.tunables.promotion_window_secs(),
-        );
+        let (table, nhit) = (e.history.misses(), e.tunables.promotion_nhit());
         let mut run: Option<u64> = None;
         let mut skipped = 0;
         for i in 0..=n {

@@ -10,14 +10,16 @@ pub(crate) use ghost::Ghost;
 pub use mode::{Mode, ReclaimPolicy};
 pub use promotion::PromotionPolicy;
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::OnceLock;
 
 use admission::MissTable;
 use sequential::StreamDetector;
 
 /// What the request plan remembers between requests: the recent read and write streams, for
-/// the sequential cutoffs, the recent read misses per block, for n-hit promotion, and the
-/// recently evicted blocks, for the ghost hits that tell whether a bigger cache would help.
+/// the sequential cutoffs, the recent read misses per block, for n-hit promotion, when reclaim
+/// last evicted, for `promotion = auto`, and the recently evicted blocks, for the ghost hits that
+/// tell whether a bigger cache would help.
 pub(crate) struct RequestHistory {
     pub(crate) read_streams: StreamDetector,
     pub(crate) write_streams: StreamDetector,
@@ -26,6 +28,8 @@ pub(crate) struct RequestHistory {
     /// Entries of the miss table, sized for the cache.
     miss_entries: usize,
     pub(crate) ghost: Ghost,
+    /// The engine-clock second of the last eviction, plus one; 0: none since the cache opened.
+    last_eviction: AtomicU32,
 }
 
 impl RequestHistory {
@@ -37,7 +41,22 @@ impl RequestHistory {
             misses: OnceLock::new(),
             miss_entries: admission::entries_for_cache(slots),
             ghost: Ghost::new(slots),
+            last_eviction: AtomicU32::new(0),
         }
+    }
+
+    /// Reclaim evicted `lbas` at engine-clock second `now`.
+    pub(crate) fn evicted(&self, lbas: &[u64], now: u32) {
+        self.ghost.evicted(lbas);
+        if !lbas.is_empty() {
+            self.last_eviction
+                .store(now.saturating_add(1), Ordering::Relaxed);
+        }
+    }
+
+    /// Whether reclaim evicted a block within the `window` seconds up to `now`.
+    pub(crate) fn evicting(&self, now: u32, window: u32) -> bool {
+        admission::evicted_within(self.last_eviction.load(Ordering::Relaxed), now, window)
     }
 
     /// The n-hit miss table.

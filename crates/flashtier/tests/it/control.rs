@@ -374,7 +374,7 @@ fn get_and_set_validate_and_apply_live() {
         ("promotion_nhit", "256", "1..=255"),
         ("sequential_cutoff_read_kib", "4M", "0..=1048576"),
         ("sequential_cutoff_read_kib", "-1", "0..=1048576"),
-        ("promotion", "sometimes", "always | nhit"),
+        ("promotion", "sometimes", "always | nhit | auto"),
         ("reclaim_policy", "random", "fifo | lru"),
         ("sequential_cutoff", "1", "sequential_cutoff_read_kib"),
         ("mode", "fast", "writethrough"),
