@@ -1529,7 +1529,7 @@ writeback_max_io_kib = 512
         );
         // Numbers are written as TOML integers, words as strings.
         assert!(text.contains("promotion_nhit = 2\n"), "{text}");
-        assert!(text.contains("promotion = \"always\"\n"), "{text}");
+        assert!(text.contains("promotion = \"auto\"\n"), "{text}");
         for m in Mode::ALL {
             let t = set_in_text(path(), &text, "mode", &m.name().to_uppercase()).unwrap();
             assert_eq!(

@@ -2250,7 +2250,7 @@ pub(crate) mod tests {
         assert!(e.to_string().contains("mode, "), "{e}");
         let e = c.set("promotion", "nhit", true).unwrap_err();
         assert!(matches!(e, ControlError::NoConfig), "{e}");
-        assert_eq!(c.get("promotion").unwrap(), "always", "not applied");
+        assert_eq!(c.get("promotion").unwrap(), "auto", "not applied");
         assert_eq!(c.params().unwrap()[0].name, "mode");
     }
 

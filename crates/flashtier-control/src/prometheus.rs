@@ -529,7 +529,7 @@ pub(crate) mod tests {
         assert!(text.contains(
             "flashtier_request_duration_seconds_bucket{op=\"read\",le=\"0.000025\"} 0\n"
         ));
-        assert!(text.contains("flashtier_param{name=\"promotion\",value=\"always\"} 1\n"));
+        assert!(text.contains("flashtier_param{name=\"promotion\",value=\"auto\"} 1\n"));
         assert!(text.contains("flashtier_param_value{name=\"writeback_dirty_high_pct\"} 70\n"));
         assert!(!text.contains("flashtier_param_value{name=\"promotion\""));
         // Declared even before their value is known (no rate yet), for dashboards and rules.

@@ -424,7 +424,7 @@ mod tests {
         let mut cl = Client::connect(&path).unwrap();
         let r = cl.report().unwrap();
         assert_eq!(r.counters.get("writes"), Some(&1));
-        assert_eq!(cl.get("promotion").unwrap(), "always");
+        assert_eq!(cl.get("promotion").unwrap(), "auto");
         assert_eq!(cl.set("promotion", "NHIT", false).unwrap(), "nhit");
         let e = cl.set("promotion_nhit", "0", false).unwrap_err();
         assert!(e.to_string().contains("1..=255"), "{e}");

@@ -420,7 +420,7 @@ fn a_server_started_without_a_cache_can_attach_one() {
     assert_eq!(cache_state(&r), "attached", "{r}");
     assert_eq!(r["status"]["mode"], "writeback");
     assert_eq!(r["status"]["block_size"], 4096, "format defaults");
-    assert_eq!(setup.ctl_ok(&["get", "promotion"]).0.trim(), "always");
+    assert_eq!(setup.ctl_ok(&["get", "promotion"]).0.trim(), "auto");
     qemu_io(&server.uri, &["write -P 0xf2 1M 1M", "read -P 0xf1 0 1M"]);
     fill(&mut expected, MIB, MIB, 0xf2);
     assert!(status_u64(&setup.report(), "dirty_blocks") >= 256);
