@@ -318,7 +318,9 @@ pub(crate) fn open_engine(
             log_end: recovered.next_seq,
         }
     };
-    let atomic_bytes = MAX_ATOMIC_WRITE.min((geo.blocks_per_segment() - 2) * geo.block_size);
+    // A record and its header, with room left for a seal and for vouching (see `log_writer`).
+    let atomic_bytes = MAX_ATOMIC_WRITE
+        .min((geo.blocks_per_segment() - 2 - crate::log_writer::VOUCH_ROOM) * geo.block_size);
     let engine = Engine {
         cache,
         backing: Backing::new(backing),

@@ -19,9 +19,11 @@
 //! for meanwhile follows it.
 //!
 //! Reclaim frees segments with FREE records (see `segments`), which this thread applies like any
-//! other: the segment joins the free list. Before it opens a segment while a FREE record it wrote
-//! is not synced, it syncs (the record, and the MOVE records before it, must be durable before
-//! the segment is overwritten) and waits for the segment's reads in flight. The last free
+//! other: the segment joins the free list. Before it opens a segment freed by a FREE record that
+//! no synced header vouches for, it syncs, vouches for the record with two headers and syncs
+//! again (the record, and the MOVE records before it, must be durable, and recovery sure to
+//! replay them, before the segment is overwritten: see [`Writer::seal_head_segment`]), and it
+//! waits for the segment's reads in flight. The last free
 //! segment is kept for FREE records (and the CLEANED and LOST records that must come before
 //! them: see `Log::hint_dropped`), batches of a header and no data: another system batch that
 //! would have to open it is refused (reclaim's moves then fail as if the reserve were full), so
@@ -92,6 +94,9 @@ const NOTE_DELAY: Duration = Duration::from_millis(10);
 /// `Writer::write_vouch`): each vouches for it, so damage must hit every one of them, and the
 /// synced batch too, before that sync can pass for a torn tail.
 const VOUCHING_HEADERS: u32 = 2;
+/// Blocks the head segment keeps free while a FREE record is not vouched for: a record-less
+/// batch and the seal (see `Writer::seal_head_segment`).
+pub(crate) const VOUCH_ROOM: u32 = 2;
 /// A failed log retries after this long, doubling up to `MAX_RETRY`.
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 const MAX_RETRY: Duration = Duration::from_secs(5);
@@ -193,8 +198,12 @@ pub struct Writer {
     /// What the newest durable checkpoint's snapshot saw (zero for the one recovery loaded):
     /// once a newer one is durable, it is the older one's (see `Log::older_checkpoint_saw`).
     newest_checkpoint: SnapshotMarks,
-    /// A FREE record was written since the last sync: the next segment opened must wait for one.
-    free_unsynced: bool,
+    /// Segments freed by FREE records that no synced header vouches for yet, with the sequence
+    /// number after each record's batch: opening one of them waits for that (see
+    /// [`Writer::seal_head_segment`]). Kept empty between uses, like the scratch vectors above.
+    unvouched_frees: Vec<(u32, u64)>,
+    /// The highest `durable` a header known to be on the device carries (as of the last sync).
+    vouched: u64,
     /// Log blocks written since the last checkpoint: replay reads at most this much.
     blocks_since_checkpoint: u64,
     /// The checkpoint being written in the background, if any: one at a time, so slots
@@ -248,8 +257,12 @@ impl Batch {
         self.ordinal = 0;
     }
 
+    /// Whether `rec` may join the batch. An empty batch takes any record (the engine makes none
+    /// larger than a batch): written empty, it would be a header of no records.
     fn fits(&self, rec: &Record, max_blocks: u32) -> bool {
-        self.recs.len() < batch::MAX_ENTRIES && self.data_blocks + rec.data_blocks() <= max_blocks
+        self.recs.is_empty()
+            || self.recs.len() < batch::MAX_ENTRIES
+                && self.data_blocks + rec.data_blocks() <= max_blocks
     }
 }
 
@@ -423,7 +436,8 @@ impl Writer {
                 start.next_seq
             },
             newest_checkpoint: SnapshotMarks::default(),
-            free_unsynced: false,
+            unvouched_frees: Vec::with_capacity(SCRATCH),
+            vouched: start.next_seq,
             blocks_since_checkpoint: start.replayed_blocks,
             inflight: None,
             checkpoint_wanted: false,
@@ -708,7 +722,7 @@ impl Writer {
         wants_sync: &mut Vec<WantsSync>,
         wants_checkpoint: &mut Vec<Option<Ticket>>,
     ) {
-        let max_blocks = MAX_BATCH_BLOCKS.min(self.e.geo.blocks_per_segment() - 1);
+        let max_blocks = MAX_BATCH_BLOCKS.min(self.e.geo.blocks_per_segment() - 1 - VOUCH_ROOM);
         let mut batch = Batch {
             recs: std::mem::take(&mut self.batch_recs),
             ..Batch::new()
@@ -770,9 +784,13 @@ impl Writer {
     /// head segment does, unless its first record does not fit there at all.
     fn batch_cap(&self, first: &Record, max_blocks: u32) -> u32 {
         let bps = self.e.geo.blocks_per_segment();
+        // Assuming the batch is that record's size: a batch as large as the head's room keeps
+        // it only if the record leaves the room needed.
+        let needed = 1 + first.data_blocks();
+        let room = self.vouch_room(true, first.kind == Kind::Free, needed);
         match self.e.state.read().segs.head {
             // One slot for the batch's header.
-            Some(h) if h.used + 1 + first.data_blocks() <= bps => max_blocks.min(bps - h.used - 1),
+            Some(h) if h.used + needed + room <= bps => max_blocks.min(bps - h.used - 1 - room),
             _ => max_blocks,
         }
     }
@@ -840,7 +858,12 @@ impl Writer {
                 .recs
                 .iter()
                 .all(|(r, _)| matches!(r.kind, Kind::Free | Kind::Cleaned | Kind::Lost));
-        let head = match self.place(needed, system, bookkeeping) {
+        let vouch_room = self.vouch_room(
+            !batch.recs.is_empty(),
+            batch.recs.iter().any(|(r, _)| r.kind == Kind::Free),
+            needed,
+        );
+        let head = match self.place(needed, vouch_room, system, bookkeeping) {
             Ok(h) => h,
             Err(NoSpace::Blocked) if !system => return Err(Blocked),
             Err(NoSpace::Blocked) => {
@@ -910,6 +933,7 @@ impl Writer {
         Stats::add(&self.e.stats.cache_write_bytes, bytes);
         Stats::add(&self.e.stats.batches, 1);
         Stats::add(&self.e.stats.records, batch.recs.len() as u64);
+        let batch_end = self.next_seq + batch.recs.len() as u64;
         {
             let mut st = self.e.state.write();
             st.segs
@@ -924,7 +948,7 @@ impl Writer {
                         0,
                         "reclaim freed a segment with blocks in it"
                     );
-                    self.free_unsynced = true;
+                    self.unvouched_frees.push((r.aux as u32, batch_end));
                     // Room for the client batches waiting for space.
                     self.client_blocked = false;
                     Stats::add(&self.e.stats.freed_segments, 1);
@@ -987,13 +1011,21 @@ impl Writer {
 
     /// Finds room for `needed` blocks at the log head, sealing the open segment (so recovery
     /// knows the log went on elsewhere) and opening the next free one if it does not fit.
-    fn place(&mut self, needed: u32, system: bool, bookkeeping: bool) -> Result<Head, NoSpace> {
+    /// `vouch_room` more blocks must stay free after it in the head segment (see
+    /// [`Writer::vouch_room`]).
+    fn place(
+        &mut self,
+        needed: u32,
+        vouch_room: u32,
+        system: bool,
+        bookkeeping: bool,
+    ) -> Result<Head, NoSpace> {
         let bps = self.e.geo.blocks_per_segment();
         loop {
             let head = self.e.state.read().segs.head;
             match head {
                 // Whatever is left after a batch (if anything) can always hold a seal.
-                Some(h) if h.used + needed <= bps => return Ok(h),
+                Some(h) if h.used + needed + vouch_room <= bps => return Ok(h),
                 Some(h) => {
                     // A client batch that could not open the next segment anyway keeps the head:
                     // sealed now, the head's room would be lost and the segment, holding only
@@ -1006,11 +1038,7 @@ impl Writer {
                     if !system && self.e.state.read().segs.free_count() <= RESERVE {
                         return Err(NoSpace::Blocked);
                     }
-                    if h.used < bps {
-                        self.write_seal(h).map_err(NoSpace::Failed)?;
-                        Stats::add(&self.e.stats.sealed_unused_blocks, u64::from(bps - h.used));
-                    }
-                    self.e.state.write().segs.seal_head();
+                    self.seal_head_segment(h).map_err(NoSpace::Failed)?;
                 }
                 None => {}
             }
@@ -1028,10 +1056,10 @@ impl Writer {
             let Some(next) = next else {
                 return Err(NoSpace::Blocked);
             };
-            // The segment may have been freed by a FREE record not yet durable: a crash after it
-            // is overwritten would replay a checkpoint that maps blocks into it, or the log that
-            // moved them out of it, without the record that freed it.
-            if self.free_unsynced {
+            // Sealing vouched for the record that freed it, unless a failed write sealed the
+            // head instead (see `abandon_segment_after_failure`): then the record is at least
+            // made durable.
+            if self.freed_unvouched(next) {
                 self.sync_device().map_err(NoSpace::Failed)?;
             }
             crate::state::wait_for_readers(&self.e.state, &[next]);
@@ -1046,6 +1074,74 @@ impl Writer {
                 self.e.reclaim.wake();
             }
         }
+    }
+
+    /// Seals the head segment `h` (unless full) as the log leaves it for the next free one.
+    ///
+    /// That one may be a segment a FREE record freed, and overwriting it is safe only once
+    /// recovery is sure to replay the record (and the MOVE records before it), or it would
+    /// replay a checkpoint that maps blocks into the segment, or the log that moved them out,
+    /// without the record that freed it. A sync makes the record durable, but that is not
+    /// enough: damage to a synced batch that no header vouches for reads as the torn tail, and
+    /// the cut drops the record along with it (the long power-loss campaign, seed 0x90e510c5
+    /// run 2727: a zeroed seal just before the FREE record's batch cut the log there, and the
+    /// dirty blocks the cut log left in the freed segment had been overwritten). So the seal
+    /// vouches: a sync, a record-less batch and the seal (two headers saying the record is
+    /// durable, as for [`Writer::write_vouch`]), and a sync, before the segment is opened. The
+    /// head keeps room for them while a FREE record is not vouched for ([`Writer::vouch_room`]);
+    /// a batch that fills it anyway (only records larger than the engine writes) leaves room for
+    /// fewer. Costs one more sync than opening did before, only when the next free segment is
+    /// one no header vouches for: a small free list (steady reclaim) and no sync since its FREE
+    /// record.
+    fn seal_head_segment(&mut self, h: Head) -> io::Result<()> {
+        let bps = self.e.geo.blocks_per_segment();
+        let next = self.e.state.read().segs.next_free();
+        let vouch = next.is_some_and(|s| self.freed_unvouched(s));
+        let mut h = h;
+        if vouch {
+            self.sync_device()?;
+            if h.used + 1 < bps {
+                let mut batch = Batch {
+                    ordinal: 1,
+                    ..Batch::new()
+                };
+                // A failure sealed the segment over the batch, and failed the log if that failed.
+                let written = self.write_batch(&mut batch, true);
+                debug_assert!(written.is_ok(), "system batches are never blocked");
+                match self.e.state.read().segs.head {
+                    Some(now) if now.segment == h.segment => h = now,
+                    _ => return self.log().check_failed().map_err(Into::into),
+                }
+            }
+        }
+        if h.used < bps {
+            self.write_seal(h)?;
+            Stats::add(&self.e.stats.sealed_unused_blocks, u64::from(bps - h.used));
+        }
+        if vouch {
+            self.sync_device()?;
+        }
+        self.e.state.write().segs.seal_head();
+        Ok(())
+    }
+
+    /// Whether `segment` was freed by a FREE record that no header on the device vouches for.
+    fn freed_unvouched(&self, segment: u32) -> bool {
+        self.unvouched_frees
+            .iter()
+            .any(|&(s, end)| s == segment && end > self.vouched)
+    }
+
+    /// Blocks a batch leaves free in the head segment for the headers that vouch for a FREE
+    /// record before the segment it freed is opened (see [`Writer::seal_head_segment`]): while
+    /// one is not vouched for, or the batch holds one (`frees`). None for a batch of no records,
+    /// which is one of those headers. `needed` is the batch's size (header included).
+    fn vouch_room(&self, records: bool, frees: bool, needed: u32) -> u32 {
+        let pending = frees || !self.unvouched_frees.is_empty();
+        if !records || !pending {
+            return 0;
+        }
+        VOUCH_ROOM.min(self.e.geo.blocks_per_segment().saturating_sub(needed))
     }
 
     /// This header (in `self.header`) is on the device: the next one carries a copy of it.
@@ -1181,7 +1277,10 @@ impl Writer {
             Ok(()) => {
                 self.durable = self.next_seq;
                 self.unsynced.clear();
-                self.free_unsynced = false;
+                // Every header written so far is on the device now.
+                self.vouched = self.durable_in_batch;
+                let vouched = self.vouched;
+                self.unvouched_frees.retain(|&(_, end)| end > vouched);
             }
             Err(e) => {
                 Stats::add(&self.e.stats.cache_errors, 1);
@@ -1646,7 +1745,6 @@ mod tests {
     fn a_vouched_sync_without_room_for_its_vouching_headers_is_answered_by_a_checkpoint() {
         let mut w = idle_writer();
         let e = w.e.clone();
-        let bs = e.geo.block_size as usize;
         let bps = e.geo.blocks_per_segment();
         // Every free segment used up; the head is the last of them, empty.
         {
@@ -1656,15 +1754,14 @@ mod tests {
                 st.segs.open_next(w.next_seq);
             }
         }
-        // A write whose batch fills the head exactly.
-        let mut data = e.log.buffer((bps - 1) as usize * bs);
-        data.fill(7);
-        let rec = Record::new(Kind::Write, 0, bps - 1, Some(data)).dirty(true);
-        let appended = ticket();
-        w.client_pending
-            .push_back(Op::Append(rec, Some(appended.clone())));
+        // Writes whose batches fill the head exactly: the largest batch, and one for the rest.
+        let largest = bps - 1 - VOUCH_ROOM;
+        let first = queue_write(&mut w, 0, largest);
+        let appended = queue_write(&mut w, u64::from(largest), VOUCH_ROOM - 1);
         w.run_ops();
+        assert!(first.wait().is_ok());
         let seq = appended.wait().unwrap().seq;
+        assert_eq!(e.state.read().segs.head.unwrap().used, bps);
 
         let (client, system) = (ticket(), ticket());
         w.client_pending.push_back(Op::Sync(client.clone(), true));
@@ -1699,10 +1796,12 @@ mod tests {
         t
     }
 
-    /// A segment a FREE record freed is overwritten only once a sync made the record durable:
-    /// a crash could otherwise replay a checkpoint that maps blocks into it, without the record.
+    /// A segment a FREE record freed is overwritten only once the record is durable and synced
+    /// headers vouch for it: a crash could otherwise replay a checkpoint that maps blocks into
+    /// it without the record, and damage to the record's batch would read as a torn tail and
+    /// cut it (the long campaign, seed 0x90e510c5 run 2727).
     #[test]
-    fn a_segment_freed_by_a_record_is_opened_after_a_sync() {
+    fn a_segment_freed_by_a_record_is_opened_once_synced_headers_vouch_for_it() {
         let mut w = idle_writer();
         let bps = w.e.geo.blocks_per_segment();
         // Every free segment used up, four of them emptied and quarantined.
@@ -1737,20 +1836,41 @@ mod tests {
         }
         assert_eq!(w.e.state.read().segs.free_order(), emptied);
         let syncs = w.e.stats.cache_syncs.load(Ordering::Relaxed);
-        let durable = w.durable;
+        let freed_end = w.next_seq;
+        let left = w.e.state.read().segs.head.unwrap();
+        assert!(left.used + VOUCH_ROOM <= bps, "the head kept room to vouch");
         // A write that does not fit the head opens the first of them.
         let t = queue_write(&mut w, 0, bps - 1);
         w.run_ops();
         assert!(t.wait().is_ok());
         assert_eq!(w.e.state.read().segs.head.unwrap().segment, emptied[0]);
-        assert_eq!(w.e.stats.cache_syncs.load(Ordering::Relaxed), syncs + 1);
-        assert!(w.durable > durable, "the FREE records are durable");
+        // A sync before the vouching headers, one after them.
+        assert_eq!(w.e.stats.cache_syncs.load(Ordering::Relaxed), syncs + 2);
+        assert!(w.vouched >= freed_end, "the FREE records are vouched for");
+        // On the device: a record-less batch and the seal after the FREE records' batch, both
+        // saying they are durable.
+        let geo = w.e.geo;
+        let mut block = AlignedBuf::zeroed(geo.block_size as usize);
+        let mut header = |at: u32| {
+            let slot = geo.first_slot(left.segment) + at;
+            w.e.cache
+                .read_at(&mut block, geo.slot_offset(slot))
+                .unwrap();
+            BatchHeader::decode(&block).unwrap()
+        };
+        let (vouch, seal) = (header(left.used), header(left.used + 1));
+        assert_eq!(
+            (vouch.kind, vouch.entries.len(), vouch.ordinal),
+            (HeaderKind::Batch, 0, 1)
+        );
+        assert_eq!(seal.kind, HeaderKind::Seal);
+        assert!(vouch.durable >= freed_end && seal.durable >= freed_end);
         // The next segment opened, freed by a record already synced, needs no sync of its own.
         let t = queue_write(&mut w, 0, bps - 1);
         w.run_ops();
         assert!(t.wait().is_ok());
         assert_eq!(w.e.state.read().segs.head.unwrap().segment, emptied[1]);
-        assert_eq!(w.e.stats.cache_syncs.load(Ordering::Relaxed), syncs + 1);
+        assert_eq!(w.e.stats.cache_syncs.load(Ordering::Relaxed), syncs + 2);
     }
 
     #[test]

@@ -25,8 +25,10 @@
 //! damage to them in that window reads as a torn tail and they are dropped, flushed writes
 //! included, with nothing reported (still a prefix). Syncs the backing store relies on (a
 //! write-through or write-around write, a cleaning pass) are vouched for before they return
-//! (`Log::sync_vouched`), so they are not exposed; a client FLUSH or FUA is not, as vouching
-//! costs a header write and a second device sync per commit.
+//! (`Log::sync_vouched`), so they are not exposed, and so are FREE records before the log
+//! overwrites the segment they freed (a cut before one would map blocks into the overwritten
+//! segment: no longer a prefix); a client FLUSH or FUA is not, as vouching costs a header write
+//! and a second device sync per commit.
 //!
 //! A damaged header is read from its successor, which carries a copy of it (checked on its own,
 //! so even a successor whose own header is damaged still gives it): so a damaged header costs

@@ -22,9 +22,12 @@
 //!   checkpoint is the one that counts: with the newest one's, a segment the log had gone
 //!   through after the older checkpoint was reused; with the newer one's body damaged, recovery
 //!   from the older one met the log overwritten, cut it, and served older data.)
-//! - **The FREE record is durable before the segment is overwritten**, with the MOVE records
-//!   before it: the log writer syncs before it opens a segment while a FREE record it wrote is
-//!   not yet synced, and waits for reads of the segment still in flight.
+//! - **The FREE record is durable, and vouched for, before the segment is overwritten**, with
+//!   the MOVE records before it: before the log writer opens a segment freed by a FREE record
+//!   that no synced header vouches for, it syncs, seals the head with two headers saying the
+//!   record is durable and syncs again (damage to a batch that nothing vouches for reads as the
+//!   torn tail, and the cut would drop the record; see `log_writer`), and it waits for reads of
+//!   the segment still in flight.
 //!
 //! A segment that does not qualify yet waits for checkpoints (reclaim asks for them); most
 //! victims, sealed long before, are freed at once. When the log has no room left even for a

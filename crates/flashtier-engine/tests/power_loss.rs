@@ -1596,6 +1596,19 @@ fn dump_log(image: &[u8]) -> String {
             own.data_blocks(),
             own.ordinal
         );
+        let mut data_slot = slot + 1;
+        for e in &own.entries {
+            out += &format!(
+                "\n      {:?}{} lba {}+{} aux {} data@{}",
+                e.kind,
+                if e.dirty { " dirty" } else { "" },
+                e.lba,
+                e.nblocks,
+                e.aux,
+                data_slot
+            );
+            data_slot += e.data_blocks();
+        }
     }
     out
 }
@@ -1639,6 +1652,7 @@ fn damaged_image_recovers() {
                         want.push((b, got.clone()));
                     }
                 }
+                eprintln!("{name}: after reads, lost {:?}", c.lost_ranges());
                 let written = c.write_back_all().unwrap();
                 let differ: Vec<u64> = want
                     .iter()
