@@ -320,7 +320,7 @@ pub(crate) fn open_engine(
     };
     // A record and its header, with room left for a seal and for vouching (see `log_writer`).
     let atomic_bytes = MAX_ATOMIC_WRITE
-        .min((geo.blocks_per_segment() - 2 - crate::log_writer::VOUCH_ROOM) * geo.block_size);
+        .min((geo.blocks_per_segment() - 2 - crate::log::VOUCH_ROOM) * geo.block_size);
     let engine = Engine {
         cache,
         backing: Backing::new(backing),

@@ -65,6 +65,10 @@ impl From<LogError> for io::Error {
 
 /// Free segments kept back for reclaim's own records.
 pub const RESERVE: usize = 2;
+/// Blocks the head segment keeps free while a FREE record is not vouched for: a record-less
+/// batch and the seal (see `log_writer`'s `Writer::seal_head_segment`). A record is at most the
+/// segment less this, its header and one block more.
+pub const VOUCH_ROOM: u32 = 2;
 
 /// Reclaim runs when free segments drop to this many (of `segment_count`): the reserve, the
 /// segment after the head, and a 32nd of the cache, so that reclaim has started well before

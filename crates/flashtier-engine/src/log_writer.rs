@@ -58,7 +58,7 @@ use crate::layout::checkpoint::{CheckpointEntry, Frame, LogHead};
 use crate::layout::Geometry;
 use crate::log::{
     complete, reclaim_low_water, Appended, CheckpointError, Lead, Log, LogError, LogStart, Op,
-    Queue, Record, SnapshotMarks, Ticket, Written, DROPPED, RESERVE,
+    Queue, Record, SnapshotMarks, Ticket, Written, DROPPED, RESERVE, VOUCH_ROOM,
 };
 use crate::mailbox::Mailbox;
 use crate::segments::Head;
@@ -94,9 +94,6 @@ const NOTE_DELAY: Duration = Duration::from_millis(10);
 /// `Writer::write_vouch`): each vouches for it, so damage must hit every one of them, and the
 /// synced batch too, before that sync can pass for a torn tail.
 const VOUCHING_HEADERS: u32 = 2;
-/// Blocks the head segment keeps free while a FREE record is not vouched for: a record-less
-/// batch and the seal (see `Writer::seal_head_segment`).
-pub(crate) const VOUCH_ROOM: u32 = 2;
 /// A failed log retries after this long, doubling up to `MAX_RETRY`.
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 const MAX_RETRY: Duration = Duration::from_secs(5);
