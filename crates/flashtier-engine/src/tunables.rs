@@ -239,8 +239,7 @@ const DEFS: &[Param] = &[
         range: 1..=255,
         default: 2,
         doc: "With promotion = nhit or auto: misses of a block, within the window, that promote \
-              it; reclaim evicting a block counts as one, so a block the cache held comes back \
-              sooner than one it never did.",
+              it.",
     },
     param! {
         name: "promotion_window_secs",
