@@ -412,12 +412,7 @@ fn evict_clean(
             }
         }
     }
-    e.history.evicted(
-        &evicted,
-        e.now_secs(),
-        e.tunables.promotion(),
-        e.tunables.promotion_window_secs(),
-    );
+    e.history.evicted(&evicted, e.now_secs());
     Stats::add(&e.stats.evicted_blocks, evicted.len() as u64);
     if st.segs.live(victim) == 0 {
         st.segs.quarantine(victim);

@@ -232,52 +232,6 @@ fn auto_counts_misses_only_while_reclaim_evicts() {
     c.close().unwrap();
 }
 
-/// A block the cache held and reclaim evicted comes back at its first miss (an eviction counts
-/// as a miss, S3-FIFO's ghost): with `nhit` or `auto`, a hot block pushed out by a burst missed
-/// twice before it was cached again.
-#[test]
-fn an_evicted_block_comes_back_at_its_first_miss() {
-    // 8 MiB of cache (1 MiB segments) for 64 MiB of data.
-    let (_bdev, c) = setup_sized(8 << 20, Mode::WriteBack);
-    c.set_param("promotion", "nhit").unwrap();
-    c.set_param("sequential_cutoff_read_kib", "0").unwrap();
-    let settled = |c: &Cache| {
-        promotions_settled(c);
-        std::thread::sleep(Duration::from_millis(100));
-        c.stats()
-    };
-    // The first MiB cached: two misses each.
-    for _ in 0..2 {
-        read_seq(&c, 0, MIB, 64 << 10);
-    }
-    promoted(&c, 256);
-    // 24 MiB more, each block read twice: promoted, it pushes the first MiB out.
-    for _ in 0..2 {
-        read_seq(&c, MIB, 24 * MIB, 64 << 10);
-    }
-    let before = settled(&c);
-    assert!(before.evicted_blocks > 0, "{before:?}");
-
-    read_seq(&c, 0, MIB, 64 << 10);
-    let s = settled(&c);
-    let missed = s.read_miss_blocks - before.read_miss_blocks;
-    assert!(missed > 128, "most of the first MiB was evicted: {s:?}");
-    assert_eq!(
-        s.promotions_skipped_blocks, before.promotions_skipped_blocks,
-        "a miss on an evicted block was not counted as its first: {s:?}"
-    );
-    assert!(s.promoted_blocks > before.promoted_blocks, "{s:?}");
-    // A block never cached still needs its second miss.
-    read_seq(&c, 40 * MIB, BS, BS);
-    let s2 = settled(&c);
-    assert_eq!(
-        s2.promotions_skipped_blocks,
-        s.promotions_skipped_blocks + 1,
-        "{s2:?}"
-    );
-    c.close().unwrap();
-}
-
 #[test]
 fn prefetch_promotes_whatever_the_policies_say() {
     let (_bdev, c) = setup(Mode::WriteBack);

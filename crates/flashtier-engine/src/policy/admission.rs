@@ -6,15 +6,8 @@
 //! bytes. Entries whose window has passed count as free. A miss of a block not in the table
 //! takes a free entry of its bucket, or else the entry whose first miss is oldest (the one
 //! closest to expiring anyway; counted in [`MissTable::evictions`]). A block admitted leaves the
-//! table. Buckets are spread over [`SHARDS`] mutexes, so concurrent readers rarely meet.
-//!
-//! **An eviction counts as a miss** ([`MissTable::record_eviction`]): a block reclaim evicts
-//! needs one miss fewer to come back, within the window after its eviction (with n = 2, its next
-//! miss promotes it). The cache held it, so it was worth holding once; a block read once never
-//! was. That is S3-FIFO's ghost queue (a miss on a recently evicted object goes straight to the
-//! main queue) in the table that already counts misses. Without it, a hot block evicted by a
-//! burst missed twice before it was cached again: on `bench/eviction.py`'s hot set with a scan,
-//! `promotion = auto` missed 78.1% of reads against 75.7% for promoting every miss.
+//! table, so a block evicted from the cache later needs n new misses to come back. Buckets are
+//! spread over [`SHARDS`] mutexes, so concurrent readers rarely meet.
 //!
 //! Eviction only ever loses counts, so a full table admits less, never more: under a miss rate
 //! the table cannot hold for a whole window, a block's misses must come closer together than
@@ -103,46 +96,26 @@ impl MissTable {
         if nhit <= 1 {
             return true;
         }
-        self.with_entry(block, now, window, |e| {
-            e.misses += 1;
-            if e.misses >= nhit {
-                *e = Entry::default();
-                return true;
-            }
-            false
-        })
-    }
-
-    /// Reclaim evicted `block` at second `now`: it counts as a miss (see the module docs),
-    /// unless misses of it are already being counted.
-    pub fn record_eviction(&self, block: u64, now: u32, window: u32) {
-        self.with_entry(block, now, window, |e| e.misses = e.misses.max(1));
-    }
-
-    /// Runs `f` on `block`'s entry: its live one, or a new one (no misses, first counted at
-    /// `now`) in its own expired entry, a free one, or the bucket's oldest.
-    fn with_entry<R>(
-        &self,
-        block: u64,
-        now: u32,
-        window: u32,
-        f: impl FnOnce(&mut Entry) -> R,
-    ) -> R {
         let key = block.wrapping_add(1);
         let h = (key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - self.bits)) as usize;
         let mut shard = self.shards[h % SHARDS].lock();
         let bucket = &mut shard[h / SHARDS];
         let live = |e: &Entry| e.key != 0 && now.saturating_sub(e.since) < window;
-        let fresh = Entry {
-            key,
-            since: now,
-            misses: 0,
-        };
         if let Some(e) = bucket.iter_mut().find(|e| e.key == key) {
-            if !live(e) {
-                *e = fresh;
+            if live(e) {
+                e.misses += 1;
+            } else {
+                *e = Entry {
+                    key,
+                    since: now,
+                    misses: 1,
+                };
             }
-            return f(e);
+            if e.misses >= nhit {
+                *e = Entry::default();
+                return true;
+            }
+            return false;
         }
         let way = match bucket.iter().position(|e| !live(e)) {
             Some(free) => free,
@@ -151,8 +124,12 @@ impl MissTable {
                 (0..WAYS).min_by_key(|&i| bucket[i].since).unwrap_or(0)
             }
         };
-        bucket[way] = fresh;
-        f(&mut bucket[way])
+        bucket[way] = Entry {
+            key,
+            since: now,
+            misses: 1,
+        };
+        false
     }
 
     /// Blocks with misses counted and not yet expired at `now` (tests, diagnostics).
@@ -188,36 +165,6 @@ mod tests {
         assert!(evicted_within(6, 5, 1));
         assert!(!evicted_within(6, 6, 1));
         assert!(evicted_within(u32::MAX, u32::MAX, 1), "no overflow");
-    }
-
-    #[test]
-    fn an_evicted_block_needs_one_miss_fewer_within_the_window_after_its_eviction() {
-        let t = MissTable::with_capacity(1024);
-        t.record_eviction(7, 100, 10);
-        assert!(t.record_miss(7, 109, 2, 10), "its next miss, 9 s later");
-        // Admitted, it left the table: evicted again later, the same.
-        t.record_eviction(7, 200, 10);
-        assert!(t.record_miss(7, 201, 2, 10));
-        // Past the window, the eviction no longer counts.
-        t.record_eviction(8, 100, 10);
-        assert!(!t.record_miss(8, 110, 2, 10));
-        assert!(t.record_miss(8, 111, 2, 10));
-        // With n = 3, an eviction is one of the three.
-        t.record_eviction(9, 100, 10);
-        assert!(!t.record_miss(9, 101, 3, 10));
-        assert!(t.record_miss(9, 102, 3, 10));
-        // An eviction does not add to misses already counted (the block was promoted by another
-        // path meanwhile, a prefetch or a write), nor restart their window.
-        assert!(!t.record_miss(10, 100, 3, 10));
-        assert!(!t.record_miss(10, 101, 3, 10));
-        t.record_eviction(10, 105, 10);
-        assert!(t.record_miss(10, 109, 3, 10), "the third miss");
-        assert!(!t.record_miss(11, 100, 3, 10));
-        t.record_eviction(11, 105, 10);
-        assert!(
-            !t.record_miss(11, 110, 3, 10),
-            "the first miss's window ended"
-        );
     }
 
     #[test]

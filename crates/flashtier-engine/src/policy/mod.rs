@@ -45,17 +45,9 @@ impl RequestHistory {
         }
     }
 
-    /// Reclaim evicted `lbas` at engine-clock second `now`. With `promotion` counting misses
-    /// while reclaim evicts, each eviction counts as a miss in the table, for the promotion
-    /// `window` (see `admission`).
-    pub(crate) fn evicted(&self, lbas: &[u64], now: u32, promotion: PromotionPolicy, window: u32) {
+    /// Reclaim evicted `lbas` at engine-clock second `now`.
+    pub(crate) fn evicted(&self, lbas: &[u64], now: u32) {
         self.ghost.evicted(lbas);
-        if promotion.filters(true) {
-            let table = self.misses();
-            for &lba in lbas {
-                table.record_eviction(lba, now, window);
-            }
-        }
         if !lbas.is_empty() {
             self.last_eviction
                 .store(now.saturating_add(1), Ordering::Relaxed);
