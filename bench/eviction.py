@@ -180,6 +180,10 @@ def measure(binary, work, name, cache_bytes, backing: Path, driver, args, rmw_bl
         "lru_miss_ratio": full["lru_miss_ratio"], "s3fifo_miss_ratio": full["s3fifo_miss_ratio"],
         "fifo_miss_ratio": full["fifo_miss_ratio"], "lru_at_live_miss_ratio": at_live["lru_miss_ratio"],
         "capacity_blocks": capacity, "live_blocks": cached, "live_fraction": cached / capacity,
+        # The rest of the capacity at the end (status; servers before stop 47 do not say): left
+        # for the log, and stale until reclaim empties their segments.
+        "unwritten_blocks": stats["status"].get("unwritten_blocks"),
+        "stale_blocks": stats["status"].get("stale_blocks"),
         "header_share": c["batches"] / (c["batches"] + data_written),
         "evicted_blocks": c["evicted_blocks"], "moved_blocks": c["moved_blocks"],
         "write_hit_blocks": c["write_hit_blocks"], "bypassed_read_blocks": c.get("bypassed_read_blocks"),
@@ -455,8 +459,13 @@ def report(args, machine, rows, doc, out, wall):
             md += [f"**The replay did not send the recorded block reads and writes exactly** ({', '.join(bad)}; "
                    "counts in eviction.json); the simulations are of what was served all the same.", ""]
     md += ["| workload | flashtier | exact LRU | flashtier ÷ LRU | S3-FIFO | FIFO | LRU with flashtier's live blocks "
-           "| live | header slots | device ÷ client writes | `advise --engine`: miss, live |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "| live | unwritten, stale | header slots | device ÷ client writes | `advise --engine`: miss, live |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def rest(r):
+        if r.get("stale_blocks") is None:
+            return "—"
+        return f"{r['unwritten_blocks'] / r['capacity_blocks']:.1%}, {r['stale_blocks'] / r['capacity_blocks']:.1%}"
 
     def amplification(r):
         x = r.get("device_write_amplification")
@@ -469,8 +478,12 @@ def report(args, machine, rows, doc, out, wall):
     for r in rows:
         md.append(f"| {label(r)} | {r['flashtier_miss_ratio']:.1%} | {r['lru_miss_ratio']:.1%} | "
                   f"{r['vs_lru']:.2f}x | {r['s3fifo_miss_ratio']:.1%} | {r['fifo_miss_ratio']:.1%} | "
-                  f"{r['lru_at_live_miss_ratio']:.1%} | {live_cell(r)} | {r['header_share']:.1%} | "
+                  f"{r['lru_at_live_miss_ratio']:.1%} | {live_cell(r)} | {rest(r)} | {r['header_share']:.1%} | "
                   f"{amplification(r)} | {replayed(r)} |")
+    md += ["", "*unwritten, stale*: the rest of the capacity at the end, from `status`: blocks left for the log "
+           "(free segments, emptied ones waiting for their FREE records, the open segment's rest) and stale slots "
+           "(old copies of overwritten or evicted blocks, batch headers, the unused ends of segments sealed early), "
+           "which reclaim turns back into unwritten ones by emptying their segments."]
     md += ["", "The last column is `flashtier advise --engine` on the trace the server recorded, replayed whole "
            "into a real cache of the same capacity at the pace the server took it: the advisor's own flashtier "
            "curve, against the server it stands for (`--no-replay` skips it)."]

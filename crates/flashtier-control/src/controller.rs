@@ -768,6 +768,8 @@ impl Controller {
                 } else {
                     s.cached_blocks as f64 * 100.0 / s.capacity_blocks as f64
                 },
+                unwritten_blocks: s.unwritten_blocks,
+                stale_blocks: s.stale_blocks,
                 segments: s.segments,
                 free_segments: s.free_segments as u64,
                 segment_size: s.segment_size,

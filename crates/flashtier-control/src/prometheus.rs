@@ -299,6 +299,16 @@ impl Report {
                     c.free_segments as f64,
                 ),
                 (
+                    "unwritten_blocks",
+                    "Blocks the log can write before reclaim must empty another segment",
+                    c.unwritten_blocks as f64,
+                ),
+                (
+                    "stale_blocks",
+                    "Blocks neither cached nor unwritten: old data, log headers, unused segment ends",
+                    c.stale_blocks as f64,
+                ),
+                (
                     "index_bytes",
                     "RAM used by the cache index",
                     c.index_bytes as f64,

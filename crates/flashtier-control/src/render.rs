@@ -138,6 +138,19 @@ pub fn table_aligned(rows: &[Vec<String>], right: &[bool]) -> String {
     out
 }
 
+/// The `capacity` line of `flashtier status`: where the cache's slots are, as shares of the
+/// capacity (cached, kept unwritten for the log, stale until reclaim empties their segments).
+fn render_capacity(c: &crate::report::CacheStatus) -> String {
+    let pct = |n: u64| n as f64 * 100.0 / c.capacity_blocks.max(1) as f64;
+    format!(
+        "{:.1}% cached, {:.1}% unwritten (free segments, emptied ones, the open one's rest), \
+         {:.1}% stale (old data, log headers, unused segment ends)",
+        pct(c.cached_blocks),
+        pct(c.unwritten_blocks),
+        pct(c.stale_blocks)
+    )
+}
+
 /// The `write-back` line of `flashtier status`: what the cleaner does, its rate and target.
 fn render_writeback(c: &crate::report::CacheStatus) -> String {
     let w = &c.writeback;
@@ -472,6 +485,7 @@ impl Report {
                         fmt_bytes(c.segment_size as u64)
                     ),
                 ],
+                vec!["capacity".into(), render_capacity(c)],
                 vec!["write-back".into(), render_writeback(c)],
                 vec!["reclaim".into(), c.reclaim_policy.clone()],
                 vec!["index RAM".into(), fmt_bytes(c.index_bytes)],
@@ -726,6 +740,8 @@ impl Report {
             line("dirty_blocks", &c.dirty_blocks);
             line("dirty_bytes", &c.dirty_bytes);
             line("used_pct", &format!("{:.2}", c.used_pct));
+            line("unwritten_blocks", &c.unwritten_blocks);
+            line("stale_blocks", &c.stale_blocks);
             line("free_segments", &c.free_segments);
             line("writeback_state", &c.writeback.state);
             line(

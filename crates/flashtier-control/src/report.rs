@@ -163,6 +163,17 @@ pub struct CacheStatus {
     pub dirty_bytes: u64,
     /// Cached blocks as a percentage of the capacity.
     pub used_pct: f64,
+    /// Blocks the log can still write before reclaim must empty another segment (free
+    /// segments, emptied ones waiting for their FREE records, the open segment's unwritten
+    /// rest): the space kept free for the log and reclaim.
+    #[serde(default)]
+    pub unwritten_blocks: u64,
+    /// Blocks neither cached nor unwritten: slots of data overwritten, trimmed or evicted since
+    /// it was written, the log's batch headers, and the unused ends of segments sealed early
+    /// (a batch that did not fit, a restart), until reclaim empties their segments.
+    /// `capacity_blocks` = `cached_blocks` + `unwritten_blocks` + `stale_blocks`.
+    #[serde(default)]
+    pub stale_blocks: u64,
     /// Segments on the cache device (the unit of log allocation and reclaim).
     pub segments: u32,
     /// Segments holding nothing, ready for the log.

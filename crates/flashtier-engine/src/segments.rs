@@ -173,6 +173,18 @@ impl Segments {
         self.live.iter().map(|&d| d as u64).sum()
     }
 
+    /// Blocks the log can still write without reclaim emptying another segment: the free
+    /// segments, those emptied and waiting for their FREE records, and what the open segment has
+    /// not written yet.
+    pub fn unwritten_blocks(&self) -> u64 {
+        let bps = u64::from(self.blocks_per_segment);
+        let empty = (self.free.len() + self.quarantine.len()) as u64;
+        let head_rest = self.head.map_or(0, |h| {
+            u64::from(self.blocks_per_segment.saturating_sub(h.used))
+        });
+        empty * bps + head_rest
+    }
+
     /// The order the log takes the free segments in, as a checkpoint records it.
     pub fn free_order(&self) -> Vec<u32> {
         self.free.iter().copied().collect()
@@ -449,6 +461,36 @@ mod tests {
         assert_eq!(s.quarantined_count(), 0);
         assert!(!s.free_by_record(0), "a free segment is not freed twice");
         assert_eq!(s.free_count(), 4);
+    }
+
+    /// Unwritten: free segments, emptied ones waiting for FREE records, the open one's rest;
+    /// sealed segments count nothing, however little of them is live.
+    #[test]
+    fn unwritten_blocks_are_free_emptied_and_the_open_segments_rest() {
+        let mut s = Segments::new(4, 16);
+        assert_eq!(s.unwritten_blocks(), 64);
+        s.open_next(1);
+        assert_eq!(
+            s.unwritten_blocks(),
+            64,
+            "an open segment written to nowhere yet"
+        );
+        s.head.as_mut().unwrap().used = 5;
+        assert_eq!(s.unwritten_blocks(), 48 + 11);
+        s.seal_head();
+        assert_eq!(
+            s.unwritten_blocks(),
+            48,
+            "a sealed segment's rest is stale, not unwritten"
+        );
+        s.quarantine(0);
+        assert_eq!(
+            s.unwritten_blocks(),
+            64,
+            "an emptied segment is unwritten again"
+        );
+        assert!(s.free_by_record(0));
+        assert_eq!(s.unwritten_blocks(), 64);
     }
 
     /// A quarantined segment is reusable once the older checkpoint recovery may start from was

@@ -163,6 +163,39 @@ fn scan_larger_than_the_cache_after_a_hot_set() {
     c.close().unwrap();
 }
 
+/// `status` places every slot of the capacity: cached, unwritten (left for the log) or stale
+/// (an overwritten block's old copy, a batch header).
+#[test]
+fn status_splits_the_capacity_into_cached_unwritten_and_stale() {
+    let (cache_dev, backing) = formatted();
+    let c = Cache::open(cache_dev.clone(), backing.clone(), &ident(64 << 20), None).unwrap();
+    let fresh = c.status();
+    assert_eq!(
+        (
+            fresh.cached_blocks,
+            fresh.unwritten_blocks,
+            fresh.stale_blocks
+        ),
+        (0, fresh.capacity_blocks, 0),
+        "{fresh:?}"
+    );
+    // One batch of 32 blocks, then 16 of them overwritten one write (one batch) at a time.
+    c.write_at(&[1u8; 32 * 4096], 0, false).unwrap();
+    for i in 0..16u64 {
+        c.write_at(&[2u8; 4096], i * 4096, false).unwrap();
+    }
+    let st = c.status();
+    assert_eq!(st.cached_blocks, 32, "{st:?}");
+    assert_eq!(
+        st.cached_blocks + st.unwritten_blocks + st.stale_blocks,
+        st.capacity_blocks,
+        "{st:?}"
+    );
+    // Stale: the 16 old copies and 17 headers, and at most a few record-less headers (notes).
+    assert!((16 + 17..=16 + 17 + 4).contains(&st.stale_blocks), "{st:?}");
+    c.close().unwrap();
+}
+
 /// What recovery replayed counts towards the next checkpoint: crash after crash, each recovery
 /// replays only what was written since the last checkpoint, not an ever longer log.
 #[test]

@@ -112,6 +112,16 @@ pub struct Status {
     pub free_segments: usize,
     /// Blocks the index maps (clean and dirty).
     pub cached_blocks: u64,
+    /// Blocks the log can still write before reclaim must empty another segment: free
+    /// segments, segments reclaim emptied that wait for their FREE records, and the unwritten
+    /// rest of the segment the log is filling. Reclaim keeps a few segments here so that it can
+    /// always run.
+    pub unwritten_blocks: u64,
+    /// The rest of the capacity, neither cached nor unwritten: slots whose block was
+    /// overwritten, trimmed or evicted since it was written, the log's batch headers, and the
+    /// unused ends of segments sealed early (a batch that did not fit, a restart). Reclaim
+    /// turns them back into unwritten blocks by emptying the segments that hold them.
+    pub stale_blocks: u64,
     /// Mapped blocks not yet written back to the backing store.
     pub dirty_blocks: u64,
     /// Most blocks the cache can hold at once.
@@ -298,6 +308,7 @@ impl Cache {
         let st = self.e.state.read();
         let geo = self.e.geo;
         let data_blocks = geo.segment_count as u64 * (geo.blocks_per_segment() as u64);
+        let (cached, unwritten) = (st.segs.total_live(), st.segs.unwritten_blocks());
         Status {
             mode: self.mode(),
             reclaim: self.e.reclaim_policy(),
@@ -305,7 +316,9 @@ impl Cache {
             segment_size: geo.segment_size,
             segments: geo.segment_count,
             free_segments: st.segs.free_count(),
-            cached_blocks: st.segs.total_live(),
+            cached_blocks: cached,
+            unwritten_blocks: unwritten,
+            stale_blocks: data_blocks.saturating_sub(cached + unwritten),
             dirty_blocks: st.segs.total_dirty(),
             capacity_blocks: data_blocks,
             index_bytes: st.memory_bytes(),

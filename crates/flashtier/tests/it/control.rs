@@ -236,6 +236,22 @@ fn status_stats_json_and_watch_show_the_running_cache() {
         status_u64(&report, "cached_blocks") >= 2 * MIB / block,
         "{report}"
     );
+    // Every slot is cached, unwritten or stale; the 1 MiB write's batch header is stale.
+    let capacity = status_u64(&report, "capacity_blocks");
+    let (unwritten, stale) = (
+        status_u64(&report, "unwritten_blocks"),
+        status_u64(&report, "stale_blocks"),
+    );
+    assert_eq!(
+        status_u64(&report, "cached_blocks") + unwritten + stale,
+        capacity,
+        "{report}"
+    );
+    assert!(stale >= 1 && unwritten < capacity, "{report}");
+    assert!(
+        status.contains("% stale"),
+        "status lacks the capacity's split:\n{status}"
+    );
     assert_eq!(counter(&report, "reads"), 2, "{report}");
     assert_eq!(counter(&report, "writes"), 1, "{report}");
     assert_eq!(counter(&report, "write_blocks"), MIB / block, "{report}");
@@ -1250,7 +1266,12 @@ fn prometheus_metrics_parse_and_match_stats_json() {
     }
     assert!(sample("flashtier_reads_total").unwrap()["value"].as_f64() >= Some(1.0));
     // Gauges: the cache's state.
-    for name in ["dirty_blocks", "cached_blocks"] {
+    for name in [
+        "dirty_blocks",
+        "cached_blocks",
+        "unwritten_blocks",
+        "stale_blocks",
+    ] {
         let metric = format!("flashtier_{name}");
         let s = sample(&metric).unwrap_or_else(|| panic!("no gauge {metric}"));
         assert_eq!(s["type"], "gauge", "{s}");
