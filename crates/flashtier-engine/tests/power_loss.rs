@@ -615,6 +615,11 @@ enum Trigger {
     Backing(u64),
     /// After the Kth device write during a mode switch.
     Switching(u64),
+    /// After the Kth write into segments the log wrote before, from the first batch over a
+    /// segment reclaim freed on: its FREE record (and the MOVE records before it) must be
+    /// durable and vouched for by then (the long campaign's seed 0x90e510c5, run 2727, lost
+    /// durable blocks to one damaged header while the batches over a freed segment were torn).
+    Reuse(u64),
 }
 
 struct Shared {
@@ -629,12 +634,17 @@ impl Shared {
     }
 }
 
+/// `ckpt`: the checkpoint area's offsets `[start, end)`; `segments`: the data area's offset and
+/// the segment size in bytes.
 fn make_hook(
     shared: Arc<Shared>,
     mut triggers: Vec<(Trigger, u64, CrashPolicy)>,
     ckpt: (u64, u64),
+    segments: (u64, u64),
 ) -> Hook {
-    let (mut ck, mut bk, mut sw) = (0u64, 0u64, 0u64);
+    let (mut ck, mut bk, mut sw, mut reuses) = (0u64, 0u64, 0u64, 0u64);
+    // Segments whose first slot the log has written, and whether it has written it again.
+    let mut started: HashMap<u64, bool> = HashMap::new();
     Box::new(move |ev: &Event, ctx: &RailCtx<'_>| {
         if matches!(ev.req, Req::Flush) {
             return;
@@ -654,6 +664,22 @@ fn make_hook(
         if shared.switching.load(Ordering::SeqCst) {
             sw += 1;
         }
+        let (data, seg_bytes) = segments;
+        let mut reused = false;
+        if ev.dev == 0 && matches!(ev.req, Req::Write { .. }) && offset >= data {
+            let seg = (offset - data) / seg_bytes;
+            if (offset - data) % seg_bytes == 0 {
+                // A segment's first batch: the log starts it, or starts it over.
+                started
+                    .entry(seg)
+                    .and_modify(|again| *again = true)
+                    .or_insert(false);
+            }
+            reused = started.get(&seg) == Some(&true);
+        }
+        if reused {
+            reuses += 1;
+        }
         let mut fired = Vec::new();
         triggers.retain(|&(tr, seed, pol)| {
             let hit = match tr {
@@ -663,6 +689,7 @@ fn make_hook(
                 }
                 Trigger::Backing(k) => ev.dev == 1 && bk == k,
                 Trigger::Switching(k) => shared.switching.load(Ordering::SeqCst) && sw == k,
+                Trigger::Reuse(k) => reused && reuses == k,
             };
             if hit {
                 fired.push((tr, seed, pol));
@@ -670,6 +697,9 @@ fn make_hook(
             !hit
         });
         for (tr, seed, pol) in fired {
+            if matches!(tr, Trigger::Reuse(_)) {
+                bump(&REUSE_POINTS, 1);
+            }
             let t = shared.tick();
             let images = ctx.crash_images(seed, pol);
             shared.snaps.lock().unwrap().push(Snap {
@@ -684,6 +714,10 @@ fn make_hook(
 struct Outcome {
     points: u64,
 }
+
+/// Power losses taken by [`Trigger::Reuse`], over all runs (the summary line): the campaign
+/// reaches segment reuse only when runs wrap their log.
+static REUSE_POINTS: AtomicU64 = AtomicU64::new(0);
 
 /// What the current run is doing, and its live cache while the writers run (reported if the run
 /// hangs).
@@ -725,7 +759,8 @@ fn run(cfg: &Cfg) -> Result<Outcome, String> {
         let seed = rng.next_u64();
         let pol = policy(rng.below(8));
         let tr = match i % 6 {
-            0..=2 => Trigger::NthWrite(rng.range(5, 2500)),
+            0..=1 => Trigger::NthWrite(rng.range(5, 2500)),
+            2 => Trigger::Reuse(rng.range(1, 40)),
             3 => Trigger::Checkpoint(rng.range(1, 40)),
             4 => Trigger::Backing(rng.range(1, 300)),
             _ if cfg.switch_modes => Trigger::Switching(rng.range(1, 30)),
@@ -733,7 +768,13 @@ fn run(cfg: &Cfg) -> Result<Outcome, String> {
         };
         triggers.push((tr, seed, pol));
     }
-    rail.set_hook(Some(make_hook(shared.clone(), triggers, ckpt_area)));
+    let segments = (geo.data_offset, u64::from(geo.segment_size));
+    rail.set_hook(Some(make_hook(
+        shared.clone(),
+        triggers,
+        ckpt_area,
+        segments,
+    )));
     let cache = Arc::new(
         open(rail.attach(cdev.clone()), rail.attach(bdev.clone()), None)
             .map_err(|e| format!("open: {e}"))?,
@@ -1417,6 +1458,26 @@ fn damage(image: &mut [u8], geo: &Geometry, map: &LogMap, r: &mut Rng) -> Vec<Hi
     hits
 }
 
+/// Zeroes one sector of the own half of one of the 4 newest headers on the image (by epoch and
+/// sequence number).
+fn damage_a_newest_header(image: &mut [u8], map: &LogMap, r: &mut Rng) -> Vec<Hit> {
+    let mut newest: Vec<&(u64, BatchHeader)> = map.headers.iter().collect();
+    newest.sort_by_key(|(_, h)| std::cmp::Reverse((h.epoch, h.seq_first)));
+    newest.truncate(4);
+    if newest.is_empty() {
+        return Vec::new();
+    }
+    let header = newest[r.below(newest.len() as u64) as usize].0;
+    let at = header + r.below(2048 / SECTOR) * SECTOR;
+    image[at as usize..(at + SECTOR) as usize].fill(0);
+    vec![Hit {
+        region: Region::Header,
+        harm: Harm::ZeroSector,
+        at,
+        len: SECTOR,
+    }]
+}
+
 /// Outcomes of the corruption campaign, over all runs (the summary line).
 #[derive(Default)]
 struct DamageStats {
@@ -1697,7 +1758,13 @@ fn damage_and_check(
         .map_err(|e| format!("the undamaged crash image has no superblock: {e}"))?;
     let geo = sb.geometry;
     let map = LogMap::scan(&image, &geo, batch::log_id(&sb.uuid));
-    let hits = damage(&mut image, &geo, &map, r);
+    // At the reuse of a freed segment, half the images lose a sector of one of the newest
+    // headers: the FREE and MOVE records' batches and those vouching for them (run 2727).
+    let hits = if snap.label.starts_with("Reuse") && r.chance(0.5) {
+        damage_a_newest_header(&mut image, &map, r)
+    } else {
+        damage(&mut image, &geo, &map, r)
+    };
     bump(&DAMAGE.images, 1);
     bump(&DAMAGE.hits, hits.len() as u64);
     let what = format!("damage {hits:?}");
@@ -1993,9 +2060,10 @@ fn campaign(default_seed: u64, points: u64, long_points: u64) {
     let runs = run_no - first;
     eprintln!("corruption: {}", DAMAGE.summary());
     eprintln!(
-        "power_loss: {checked} power losses checked in {runs} runs ({} failed), {:.1?} \
-         (FLASHTIER_SEED={base:#x})",
+        "power_loss: {checked} power losses checked in {runs} runs ({} failed; {} at the \
+         reuse of a freed segment), {:.1?} (FLASHTIER_SEED={base:#x})",
         failures.len(),
+        REUSE_POINTS.load(Ordering::Relaxed),
         started.elapsed()
     );
     assert!(
