@@ -231,6 +231,10 @@ pub struct ConnState {
     requests: AtomicU64,
     /// Requests executed serially (the reader kept the seat: see `transmission`).
     serial: AtomicU64,
+    /// Serial requests whose seat a follower took, the request having run past the patience
+    /// (`transmission`): a test's way to tell a run the machine starved.
+    #[cfg(test)]
+    serial_taken: AtomicU64,
     in_flight: AtomicU64,
     last_active_ms: AtomicU64,
     /// When the reply being written started ([`now_ms`]), 0 when none is.
@@ -259,6 +263,8 @@ impl ConnState {
             phase: AtomicU8::new(PHASE_HANDSHAKE),
             requests: AtomicU64::new(0),
             serial: AtomicU64::new(0),
+            #[cfg(test)]
+            serial_taken: AtomicU64::new(0),
             in_flight: AtomicU64::new(0),
             last_active_ms: AtomicU64::new(now),
             writing_since_ms: AtomicU64::new(0),
@@ -313,6 +319,18 @@ impl ConnState {
     #[cfg(test)]
     pub(crate) fn serial_requests(&self) -> u64 {
         self.serial.load(Ordering::Relaxed)
+    }
+
+    /// A follower took the seat from a serial request.
+    #[cfg(test)]
+    pub(crate) fn serial_seat_taken(&self) {
+        self.serial_taken.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Serial requests whose seat a follower took so far.
+    #[cfg(test)]
+    pub(crate) fn serial_seats_taken(&self) -> u64 {
+        self.serial_taken.load(Ordering::Relaxed)
     }
 
     pub(crate) fn request_done(&self) {
