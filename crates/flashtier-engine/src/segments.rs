@@ -473,7 +473,7 @@ mod tests {
         assert_eq!(
             s.unwritten_blocks(),
             64,
-            "an open segment written to nowhere yet"
+            "an open segment nothing was written to yet"
         );
         s.head.as_mut().unwrap().used = 5;
         assert_eq!(s.unwritten_blocks(), 48 + 11);

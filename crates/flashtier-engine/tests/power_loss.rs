@@ -1300,6 +1300,17 @@ impl LogMap {
         LogMap { bs: BS, headers }
     }
 
+    /// The indices of the `n` newest headers (by epoch and sequence number), newest first.
+    fn newest(&self, n: usize) -> Vec<usize> {
+        let mut newest: Vec<usize> = (0..self.headers.len()).collect();
+        newest.sort_by_key(|&i| {
+            let h = &self.headers[i].1;
+            std::cmp::Reverse((h.epoch, h.seq_first))
+        });
+        newest.truncate(n);
+        newest
+    }
+
     /// Whether a hit fell on the header or data of a batch holding records `from..to`.
     fn hit_between(&self, hits: &[Hit], from: u64, to: u64) -> bool {
         self.headers.iter().any(|(at, h)| {
@@ -1346,12 +1357,7 @@ fn pick_place(r: &mut Rng, geo: &Geometry, image: &[u8], map: &LogMap) -> (Regio
     let data_end = geo.used_size();
     // The newest headers matter most (replayed after the checkpoint); older ones still map
     // live blocks.
-    let mut newest: Vec<usize> = (0..map.headers.len()).collect();
-    newest.sort_by_key(|&i| {
-        let h = &map.headers[i].1;
-        std::cmp::Reverse((h.epoch, h.seq_first))
-    });
-    newest.truncate(8);
+    let newest = map.newest(8);
     let header = |r: &mut Rng, with_data: bool| -> Option<usize> {
         let ok = |i: &usize| !with_data || map.headers[*i].1.data_blocks() > 0;
         let pool: Vec<usize> = if r.chance(0.6) {
@@ -1461,13 +1467,11 @@ fn damage(image: &mut [u8], geo: &Geometry, map: &LogMap, r: &mut Rng) -> Vec<Hi
 /// Zeroes one sector of the own half of one of the 4 newest headers on the image (by epoch and
 /// sequence number).
 fn damage_a_newest_header(image: &mut [u8], map: &LogMap, r: &mut Rng) -> Vec<Hit> {
-    let mut newest: Vec<&(u64, BatchHeader)> = map.headers.iter().collect();
-    newest.sort_by_key(|(_, h)| std::cmp::Reverse((h.epoch, h.seq_first)));
-    newest.truncate(4);
+    let newest = map.newest(4);
     if newest.is_empty() {
         return Vec::new();
     }
-    let header = newest[r.below(newest.len() as u64) as usize].0;
+    let header = map.headers[*r.pick(&newest)].0;
     let at = header + r.below(2048 / SECTOR) * SECTOR;
     image[at as usize..(at + SECTOR) as usize].fill(0);
     vec![Hit {
