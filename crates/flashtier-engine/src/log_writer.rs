@@ -1689,7 +1689,7 @@ fn unawaited_blocks(q: &Queue) -> u32 {
 #[cfg(test)]
 mod tests {
     use flashtier_io::BlockDev;
-    use flashtier_testkit::MemDev;
+    use flashtier_testkit::{CrashDev, MemDev};
 
     use super::*;
     use crate::engine::{format, open_engine, FormatOptions};
@@ -1700,16 +1700,26 @@ mod tests {
     /// A writer on a new write-through cache of 16-block segments, its thread not started: the
     /// test runs its rounds.
     fn idle_writer() -> Writer {
-        let cache: Arc<dyn BlockDev> = Arc::new(MemDev::new(4 << 20));
         let backing: Arc<dyn BlockDev> = Arc::new(MemDev::new(16 << 20));
-        let ident = BackingIdentity {
+        writer_on(Arc::new(MemDev::new(4 << 20)), backing, Mode::WriteThrough)
+    }
+
+    /// The backing store every test cache here is formatted for (16 MiB).
+    fn backing_identity() -> BackingIdentity {
+        BackingIdentity {
             size: 16 << 20,
             name: "/b.img".into(),
             fingerprint: Vec::new(),
-        };
+        }
+    }
+
+    /// A writer on a cache of 16-block segments newly formatted on `cache` for `backing`, its
+    /// thread not started.
+    fn writer_on(cache: Arc<dyn BlockDev>, backing: Arc<dyn BlockDev>, mode: Mode) -> Writer {
+        let ident = backing_identity();
         let opts = FormatOptions {
             segment_size: 64 << 10,
-            mode: Mode::WriteThrough,
+            mode,
             ..FormatOptions::default()
         };
         format(&*cache, ident.clone(), opts).unwrap();
@@ -1868,6 +1878,139 @@ mod tests {
         assert!(t.wait().is_ok());
         assert_eq!(w.e.state.read().segs.head.unwrap().segment, emptied[1]);
         assert_eq!(w.e.stats.cache_syncs.load(Ordering::Relaxed), syncs + 2);
+    }
+
+    /// Run 2727 of the long power-loss campaign (seed 0x90e510c5), rebuilt step by step: a
+    /// durable dirty block, moved out of its segment by reclaim, which then frees the segment
+    /// with a FREE record; the log goes on into that segment, and the power is cut after the
+    /// new batch's data landed there but before its header did. Then any one sector of the
+    /// newest headers before the cut is zeroed. Recovery must still find the block where the
+    /// MOVE put it: if it took the damage for a torn tail and ended the log before the MOVE and
+    /// FREE records, the block would map into the reused segment, over other data, and be lost.
+    /// Before the fix (the head sealed without the vouching batch, then the sync) every header
+    /// on the device said "durable up to the MOVE", and a zeroed first sector of the MOVE's own
+    /// header did exactly that here (in run 2727 it was a sector of the seal).
+    #[test]
+    fn a_moved_dirty_block_survives_a_cut_during_reuse_of_its_segment_and_any_damaged_header() {
+        const LBA: u64 = 98;
+        let dev = Arc::new(CrashDev::new(4 << 20));
+        let backing = Arc::new(MemDev::new(16 << 20));
+        let mut w = writer_on(dev.clone(), backing.clone(), Mode::WriteBack);
+        let e = w.e.clone();
+        let geo = e.geo;
+        let bps = geo.blocks_per_segment();
+        let bs = geo.block_size as usize;
+        let sync = |w: &mut Writer| {
+            let t = ticket();
+            w.client_pending.push_back(Op::Sync(t.clone(), false));
+            w.run_ops();
+            t.wait().unwrap();
+        };
+
+        // A client's write of the block, and its FLUSH.
+        let t = queue_write(&mut w, LBA, 1);
+        w.run_ops();
+        t.wait().unwrap();
+        sync(&mut w);
+        let from = e.state.read().index.get(LBA).unwrap();
+        let victim = geo.segment_of(from);
+
+        // The log goes round: every other free segment used (by the state alone, as in the
+        // tests above), and a checkpoint of that, so that recovery replays only what follows.
+        {
+            let mut st = e.state.write();
+            while st.segs.free_count() > 0 {
+                st.segs.seal_head();
+                st.segs.open_next(w.next_seq);
+            }
+        }
+        w.write_checkpoint_now().unwrap();
+        sync(&mut w);
+        let head = e.state.read().segs.head.unwrap();
+        assert_ne!(head.segment, victim);
+
+        // Reclaim moves the block out, as `reclaim::move_forward` does, and frees its segment
+        // (first in the free list) and three empty ones.
+        let mut data = e.log.buffer(bs);
+        dev.read_at(&mut data, geo.slot_offset(from)).unwrap();
+        let moved = ticket();
+        let rec = Record::new(Kind::Move, LBA, 1, Some(data)).aux(u64::from(from));
+        w.system_ops.push_back(Op::Append(rec, Some(moved.clone())));
+        w.run_ops();
+        moved.wait().unwrap();
+        assert_eq!(
+            geo.segment_of(e.state.read().index.get(LBA).unwrap()),
+            head.segment
+        );
+        let emptied: Vec<u32> = {
+            let mut st = e.state.write();
+            let others = (0..geo.segment_count)
+                .filter(|&s| s != victim && s != head.segment && st.segs.live(s) == 0)
+                .take(3)
+                .collect::<Vec<_>>();
+            let emptied: Vec<u32> = std::iter::once(victim).chain(others).collect();
+            for &s in &emptied {
+                st.segs.quarantine(s);
+            }
+            emptied
+        };
+        for &s in &emptied {
+            let t = ticket();
+            let rec = Record::new(Kind::Free, 0, 1, None).aux(u64::from(s));
+            w.system_ops.push_back(Op::Append(rec, Some(t.clone())));
+            w.run_ops();
+            t.wait().unwrap();
+        }
+        assert_eq!(e.state.read().segs.free_order()[0], victim);
+
+        // A write that does not fit the head opens the freed segment and overwrites it whole.
+        let reuse = queue_write(&mut w, 0, bps - 1);
+        w.run_ops();
+        reuse.wait().unwrap();
+        assert_eq!(e.state.read().segs.head.unwrap().segment, victim);
+
+        // The power cut: what was synced, and the new batch's data without its header.
+        let mut cut = dev.snapshot_durable();
+        let view = dev.view();
+        let data_start = geo.slot_offset(geo.first_slot(victim) + 1) as usize;
+        let data_end = geo.slot_offset(geo.first_slot(victim) + bps) as usize;
+        assert!((data_start..data_end).contains(&(geo.slot_offset(from) as usize)));
+        cut[data_start..data_end].copy_from_slice(&view[data_start..data_end]);
+
+        // The headers written after the checkpoint, in the segment the MOVE went to.
+        let headers: Vec<u32> = (head.used..bps)
+            .map(|at| geo.first_slot(head.segment) + at)
+            .filter(|&slot| {
+                let at = geo.slot_offset(slot) as usize;
+                BatchHeader::decode(&cut[at..at + bs]).is_ok()
+            })
+            .collect();
+        assert!(
+            headers.len() >= 3,
+            "the MOVE's, the FREE records' and the seal"
+        );
+
+        let recovered = |image: &[u8], what: &str| {
+            let cache = Arc::new(CrashDev::from_image(image.to_vec()));
+            let c = crate::Cache::open(cache, backing.clone(), &backing_identity(), None)
+                .unwrap_or_else(|err| panic!("{what}: recovery refused the cache: {err}"));
+            let mut block = vec![0u8; bs];
+            let read = c.read_at(&mut block, LBA * bs as u64);
+            assert!(read.is_ok(), "{what}: the moved block was lost: {read:?}");
+            assert!(
+                block.iter().all(|&b| b == LBA as u8),
+                "{what}: the moved block reads wrong data"
+            );
+        };
+        recovered(&cut, "no damage");
+        for &slot in &headers {
+            for sector in 0..(bs / 512) {
+                let mut damaged = cut.clone();
+                let at = geo.slot_offset(slot) as usize + sector * 512;
+                damaged[at..at + 512].fill(0);
+                recovered(&damaged, &format!("slot {slot} sector {sector} zeroed"));
+            }
+        }
     }
 
     #[test]
