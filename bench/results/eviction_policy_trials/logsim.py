@@ -109,30 +109,36 @@ class Sim:
         s.moves += 1
         s.append(l, 'm', r)
 
+    def step(s, i, o):
+        """Access number i: +(lba+1) a read, -(lba+1) a write. A read's hit (True) or miss
+        (False); None for a write."""
+        s.t = i
+        if o < 0:
+            s.append(-o - 1, ref=s.refw)
+            return None
+        lba = o - 1
+        slot = s.loc.get(lba)
+        if slot is None:
+            if s.admit and lba not in s.ghost:
+                s.ghost[lba] = 1
+                if len(s.ghost) > s.N * s.S:
+                    s.ghost.popitem(last=False)
+            else:
+                s.append(lba)
+            return False
+        s.ref[lba] = True
+        s.last[slot // s.S] = i
+        return True
+
     def run(s, ops, sample=20000):
         reads = misses = 0
         lives = []
         n = len(ops)
         for i in range(n):
-            o = ops[i]
-            s.t = i
-            if o > 0:
-                lba = o - 1
+            hit = s.step(i, ops[i])
+            if hit is not None:
                 reads += 1
-                slot = s.loc.get(lba)
-                if slot is None:
-                    misses += 1
-                    if s.admit and lba not in s.ghost:
-                        s.ghost[lba] = 1
-                        if len(s.ghost) > s.N * s.S:
-                            s.ghost.popitem(last=False)
-                    else:
-                        s.append(lba)
-                else:
-                    s.ref[lba] = True
-                    s.last[slot // s.S] = i
-            else:
-                s.append(-o - 1, ref=s.refw)
+                misses += not hit
             if i % sample == 0 and i > n // 4:
                 lives.append(len(s.loc) / (s.N * s.S))
         return misses / reads, sum(lives) / len(lives), len(s.loc) / (s.N * s.S), s.moves, s.evicts

@@ -20,7 +20,7 @@ VARIANTs:
                       FIFO's size, 2-bit frequency; a write is an access
   onelog[:k=v,...]    stop 39's one-log model, `../eviction_policy_trials/logsim.py`'s Sim class
                       unchanged (default keywords: keepcap=0.5, refw=False; thr=0.75, mode single),
-                      driven by a copy of its run loop that counts from --warm and samples the
+                      driven access by access (its `step`), counting from --warm and sampling the
                       live share like the two-log model
   two[:k=v,...]       the two-log design below; keywords (defaults in brackets):
       s=0.1           S's share of the segments (rounded, at least 1; its open head counts)
@@ -112,32 +112,46 @@ def gen_zipf(theta, nblocks, n, read_pct, seed):
     return np.where(reads, blocks, -blocks)
 
 
-def run_lru(ops, cap, warm, cold):
-    d = collections.OrderedDict()
-    r = m = 0
-    cr = cm = r0 = m0 = 0
+def drive(ops, warm, cold, step, sample=None, samp_from=0):
+    """Runs `step(i, o)` over the accesses (a read's hit or miss as True or False, None for a
+    write) and counts read misses from access `warm` on, and over the first `cold` accesses
+    (`cold_miss`); calls `sample()` every SAMPLE accesses from `samp_from` on."""
+    reads = misses = r0 = m0 = cr = cm = 0
     for i, o in enumerate(ops):
         if i == cold:
-            cr, cm = r, m
+            cr, cm = reads, misses
         if i == warm:
-            r0, m0 = r, m
-        lba = o if o > 0 else -o
-        if lba in d:
-            d.move_to_end(lba)
-        else:
-            if o > 0:
-                m += 1
-            d[lba] = 1
-            if len(d) > cap:
-                d.popitem(last=False)
-        if o > 0:
-            r += 1
+            r0, m0 = reads, misses
+        hit = step(i, o)
+        if hit is not None:
+            reads += 1
+            misses += not hit
+        if sample is not None and i >= samp_from and i % SAMPLE == 0:
+            sample()
     if cold >= len(ops):
-        cr, cm = r, m
-    res = {'miss': (m - m0) / max(1, r - r0), 'reads': r - r0, 'misses': m - m0}
+        cr, cm = reads, misses
+    res = {'miss': (misses - m0) / max(1, reads - r0), 'reads': reads - r0, 'misses': misses - m0}
     if cold:
         res['cold_miss'] = cm / max(1, cr)
     return res
+
+
+def run_lru(ops, cap, warm, cold):
+    d = collections.OrderedDict()
+
+    def step(i, o):
+        lba = o if o > 0 else -o
+        if lba in d:
+            d.move_to_end(lba)
+            hit = True
+        else:
+            d[lba] = 1
+            if len(d) > cap:
+                d.popitem(last=False)
+            hit = False
+        return hit if o > 0 else None
+
+    return drive(ops, warm, cold, step)
 
 
 class S3Fifo:
@@ -224,78 +238,36 @@ class S3Fifo:
 
 def run_s3fifo(ops, cap, warm, cold):
     c = S3Fifo(cap)
-    r = m = 0
-    cr = cm = 0
-    r0 = m0 = 0
-    for i, o in enumerate(ops):
-        if i == cold:
-            cr, cm = r, m
-        if i == warm:
-            r0, m0 = r, m
-        if o > 0:
-            r += 1
-            if not c.access(o):
-                m += 1
-        else:
-            c.access(-o)
-    if cold >= len(ops):
-        cr, cm = r, m
-    res = {'miss': (m - m0) / max(1, r - r0), 'reads': r - r0, 'misses': m - m0}
-    if cold:
-        res['cold_miss'] = cm / max(1, cr)
-    return res
+
+    def step(i, o):
+        hit = c.access(o if o > 0 else -o)
+        return hit if o > 0 else None
+
+    return drive(ops, warm, cold, step)
 
 
 def run_onelog(ops, nseg, bps, warm, cold, thr=0.75, mode='single', **kw):
-    """logsim.Sim unchanged, driven by a copy of Sim.run's loop that counts from `warm`, reports
-    the cold-start ratio and samples the live share and its complement."""
+    """logsim.Sim unchanged, driven access by access (its `step`), counting from `warm`, with the
+    cold-start ratio and the live share and its complement sampled like the two-log model's."""
     s = logsim.Sim(nseg, bps, thr, mode, **kw)
     C = nseg * bps
-    reads = misses = r0 = m0 = cr = cm = 0
-    n = len(ops)
-    samp_from = max(warm, n // 4)
-    acc = [0.0, 0.0, 0.0]
-    ns = 0
-    for i in range(n):
-        if i == cold:
-            cr, cm = reads, misses
-        if i == warm:
-            r0, m0 = reads, misses
-        o = ops[i]
-        s.t = i
-        if o > 0:  # ---- from logsim.Sim.run
-            lba = o - 1
-            reads += 1
-            slot = s.loc.get(lba)
-            if slot is None:
-                misses += 1
-                if s.admit and lba not in s.ghost:
-                    s.ghost[lba] = 1
-                    if len(s.ghost) > s.N * s.S:
-                        s.ghost.popitem(last=False)
-                else:
-                    s.append(lba)
-            else:
-                s.ref[lba] = True
-                s.last[slot // s.S] = i
-        else:
-            s.append(-o - 1, ref=s.refw)  # ---- end of the copy
-        if i >= samp_from and i % SAMPLE == 0:
-            heads = sum(s.S - h[1] for h in s.heads.values() if h is not None)
-            acc[0] += len(s.loc) / C
-            acc[1] += len(s.free) * bps / C
-            acc[2] += heads / C
-            ns += 1
-    if cold >= n:
-        cr, cm = reads, misses
+    acc = [0.0, 0.0, 0.0, 0]
+
+    def sample():
+        heads = sum(s.S - h[1] for h in s.heads.values() if h is not None)
+        acc[0] += len(s.loc) / C
+        acc[1] += len(s.free) * bps / C
+        acc[2] += heads / C
+        acc[3] += 1
+
+    res = drive(ops, warm, cold, s.step, sample, max(warm, len(ops) // 4))
+    ns = acc[3]
     writes = sum(1 for o in ops if o < 0)
-    res = {'miss': (misses - m0) / max(1, reads - r0), 'reads': reads - r0, 'misses': misses - m0,
-           'live': acc[0] / ns, 'free': acc[1] / ns, 'heads': acc[2] / ns,
-           'stale': 1 - (acc[0] + acc[1] + acc[2]) / ns,
-           # logsim counts appends (client writes + admissions + its moves) and moves
-           'dev_per_write': s.appends / max(1, writes), 'copies_per_write': s.moves / max(1, writes)}
-    if cold:
-        res['cold_miss'] = cm / max(1, cr)
+    res.update({'live': acc[0] / ns, 'free': acc[1] / ns, 'heads': acc[2] / ns,
+                'stale': 1 - (acc[0] + acc[1] + acc[2]) / ns,
+                # logsim counts appends (client writes + admissions + its moves) and moves
+                'dev_per_write': s.appends / max(1, writes),
+                'copies_per_write': s.moves / max(1, writes)})
     return res
 
 
@@ -481,72 +453,65 @@ class TwoLog:
         assert len(s.free) + len(s.sfifo) + len(s.mlist) + sum(h is not None for h in s.heads) == s.N
         assert all(s.live[g] == 0 for g in s.free)
 
-    def run(s, ops, warm, cold):
-        loc, freq, gseq, dirty = s.loc, s.freq, s.gseq, s.dirty
-        fmax, G, refw, C, B = s.fmax, s.G, s.refw, s.C, s.B
-        reads = misses = writes = r0 = m0 = cr = cm = 0
-        n = len(ops)
-        samp_from = max(warm, n // 4)
-        acc = [0.0, 0.0, 0.0]
-        ns = 0
-        for i in range(n):
-            if i == cold:
-                cr, cm = reads, misses
-            if i == warm:
-                r0, m0 = reads, misses
-            o = ops[i]
-            s.t = i
-            if o > 0:
-                lba = o - 1
-                reads += 1
-                if loc[lba] >= 0:
-                    if freq[lba] < fmax:
-                        freq[lba] += 1
-                else:
-                    misses += 1
-                    g = gseq[lba]
-                    if g and g > s.gcount - G:
-                        gseq[lba] = 0
-                        s.ghost_hits += 1
-                        s.client_append(lba, 2, 0)
-                    else:
-                        s.client_append(lba, 1, 0)
+    def step(s, i, o):
+        """Access number i: +(lba+1) a read, -(lba+1) a write. A read's hit (True) or miss
+        (False); None for a write."""
+        loc, freq, gseq, fmax, G = s.loc, s.freq, s.gseq, s.fmax, s.G
+        s.t = i
+        if o > 0:
+            lba = o - 1
+            if loc[lba] >= 0:
+                if freq[lba] < fmax:
+                    freq[lba] += 1
+                return True
+            g = gseq[lba]
+            if g and g > s.gcount - G:
+                gseq[lba] = 0
+                s.ghost_hits += 1
+                s.client_append(lba, 2, 0)
             else:
-                lba = -o - 1
-                writes += 1
-                f = 0
-                if refw:
-                    if loc[lba] >= 0:
-                        f = min(freq[lba] + 1, fmax)
-                    else:
-                        g = gseq[lba]
-                        if g and g > s.gcount - G:
-                            gseq[lba] = 0
-                            f = 1
-                dirty[lba] = 1
-                s.client_append(lba, 1, f)
-            if i >= samp_from and i % SAMPLE == 0:
-                heads = sum(B - h[1] for h in s.heads[1:] if h is not None)
-                acc[0] += s.nlive / C
-                acc[1] += len(s.free) * B / C
-                acc[2] += heads / C
-                ns += 1
-        if cold >= n:
-            cr, cm = reads, misses
+                s.client_append(lba, 1, 0)
+            return False
+        lba = -o - 1
+        f = 0
+        if s.refw:
+            if loc[lba] >= 0:
+                f = min(freq[lba] + 1, fmax)
+            else:
+                g = gseq[lba]
+                if g and g > s.gcount - G:
+                    gseq[lba] = 0
+                    f = 1
+        s.dirty[lba] = 1
+        s.client_append(lba, 1, f)
+        return None
+
+    def run(s, ops, warm, cold):
+        C, B = s.C, s.B
+        acc = [0.0, 0.0, 0.0, 0]
+
+        def sample():
+            heads = sum(B - h[1] for h in s.heads[1:] if h is not None)
+            acc[0] += s.nlive / C
+            acc[1] += len(s.free) * B / C
+            acc[2] += heads / C
+            acc[3] += 1
+
+        res = drive(ops, warm, cold, s.step, sample, max(warm, len(ops) // 4))
         s.check()
+        ns = acc[3]
+        writes = sum(1 for o in ops if o < 0)
         copies = s.copies_s + s.copies_m + s.copies_c
-        res = {'miss': (misses - m0) / max(1, reads - r0), 'reads': reads - r0, 'misses': misses - m0,
-               'live': acc[0] / ns, 'free': acc[1] / ns, 'heads': acc[2] / ns,
-               'stale': 1 - (acc[0] + acc[1] + acc[2]) / ns,
-               'dev_per_write': (s.client_appends + copies + s.headers) / max(1, writes),
-               'copies_per_write': copies / max(1, writes),
-               'copies_s': s.copies_s, 'copies_m': s.copies_m, 'copies_c': s.copies_c,
-               'drops_s': s.drops_s, 'drops_m': s.drops_m, 'capped': s.capped,
-               'dirty_drops': s.dirty_drops, 'dirty_drops_per_write': s.dirty_drops / max(1, writes),
-               'ghost_hits': s.ghost_hits, 'headers': s.headers, 'mreclaims': s.mreclaims,
-               'smax': s.smax, 'low': s.low, 'target': s.target}
-        if cold:
-            res['cold_miss'] = cm / max(1, cr)
+        res.update({'live': acc[0] / ns, 'free': acc[1] / ns, 'heads': acc[2] / ns,
+                    'stale': 1 - (acc[0] + acc[1] + acc[2]) / ns,
+                    'dev_per_write': (s.client_appends + copies + s.headers) / max(1, writes),
+                    'copies_per_write': copies / max(1, writes),
+                    'copies_s': s.copies_s, 'copies_m': s.copies_m, 'copies_c': s.copies_c,
+                    'drops_s': s.drops_s, 'drops_m': s.drops_m, 'capped': s.capped,
+                    'dirty_drops': s.dirty_drops,
+                    'dirty_drops_per_write': s.dirty_drops / max(1, writes),
+                    'ghost_hits': s.ghost_hits, 'headers': s.headers, 'mreclaims': s.mreclaims,
+                    'smax': s.smax, 'low': s.low, 'target': s.target})
         return res
 
 
