@@ -1754,13 +1754,7 @@ mod tests {
         let e = w.e.clone();
         let bps = e.geo.blocks_per_segment();
         // Every free segment used up; the head is the last of them, empty.
-        {
-            let mut st = e.state.write();
-            while st.segs.free_count() > 0 {
-                st.segs.seal_head();
-                st.segs.open_next(w.next_seq);
-            }
-        }
+        use_up_free_segments(&w);
         // Writes whose batches fill the head exactly: the largest batch, and one for the rest.
         let largest = bps - 1 - VOUCH_ROOM;
         let first = queue_write(&mut w, 0, largest);
@@ -1803,32 +1797,32 @@ mod tests {
         t
     }
 
-    /// A segment a FREE record freed is overwritten only once the record is durable and synced
-    /// headers vouch for it: a crash could otherwise replay a checkpoint that maps blocks into
-    /// it without the record, and damage to the record's batch would read as a torn tail and
-    /// cut it (the long campaign, seed 0x90e510c5 run 2727).
-    #[test]
-    fn a_segment_freed_by_a_record_is_opened_once_synced_headers_vouch_for_it() {
-        let mut w = idle_writer();
-        let bps = w.e.geo.blocks_per_segment();
-        // Every free segment used up, four of them emptied and quarantined.
-        let emptied: Vec<u32> = {
-            let mut st = w.e.state.write();
-            let mut sealed = Vec::new();
-            while st.segs.free_count() > 0 {
-                if let Some(h) = st.segs.head {
-                    sealed.push(h.segment);
-                }
-                st.segs.seal_head();
-                st.segs.open_next(w.next_seq);
+    /// Every free segment used up through the state alone (nothing written to them): seals the
+    /// head and opens the next until none is free. Returns the segments sealed, in order; the
+    /// head is then the last free one, empty.
+    fn use_up_free_segments(w: &Writer) -> Vec<u32> {
+        let mut st = w.e.state.write();
+        let mut sealed = Vec::new();
+        while st.segs.free_count() > 0 {
+            if let Some(h) = st.segs.head {
+                sealed.push(h.segment);
             }
-            let emptied = sealed[..4].to_vec();
-            for &s in &emptied {
+            st.segs.seal_head();
+            st.segs.open_next(w.next_seq);
+        }
+        sealed
+    }
+
+    /// Quarantines `segments` (reclaim emptied them) and frees them with FREE records, as
+    /// `reclaim::free_reusable` does; returns once the log applied them.
+    fn free_by_records(w: &mut Writer, segments: &[u32]) {
+        {
+            let mut st = w.e.state.write();
+            for &s in segments {
                 st.segs.quarantine(s);
             }
-            emptied
-        };
-        let freed: Vec<Ticket> = emptied
+        }
+        let freed: Vec<Ticket> = segments
             .iter()
             .map(|&s| {
                 let t = ticket();
@@ -1841,6 +1835,19 @@ mod tests {
         for t in freed {
             assert!(t.wait().is_ok());
         }
+    }
+
+    /// A segment a FREE record freed is overwritten only once the record is durable and synced
+    /// headers vouch for it: a crash could otherwise replay a checkpoint that maps blocks into
+    /// it without the record, and damage to the record's batch would read as a torn tail and
+    /// cut it (the long campaign, seed 0x90e510c5 run 2727).
+    #[test]
+    fn a_segment_freed_by_a_record_is_opened_once_synced_headers_vouch_for_it() {
+        let mut w = idle_writer();
+        let bps = w.e.geo.blocks_per_segment();
+        // Every free segment used up, four of them emptied and freed.
+        let emptied = use_up_free_segments(&w)[..4].to_vec();
+        free_by_records(&mut w, &emptied);
         assert_eq!(w.e.state.read().segs.free_order(), emptied);
         let syncs = w.e.stats.cache_syncs.load(Ordering::Relaxed);
         let freed_end = w.next_seq;
@@ -1917,13 +1924,7 @@ mod tests {
 
         // The log goes round: every other free segment used (by the state alone, as in the
         // tests above), and a checkpoint of that, so that recovery replays only what follows.
-        {
-            let mut st = e.state.write();
-            while st.segs.free_count() > 0 {
-                st.segs.seal_head();
-                st.segs.open_next(w.next_seq);
-            }
-        }
+        use_up_free_segments(&w);
         w.write_checkpoint_now().unwrap();
         sync(&mut w);
         let head = e.state.read().segs.head.unwrap();
@@ -1943,24 +1944,13 @@ mod tests {
             head.segment
         );
         let emptied: Vec<u32> = {
-            let mut st = e.state.write();
+            let st = e.state.read();
             let others = (0..geo.segment_count)
                 .filter(|&s| s != victim && s != head.segment && st.segs.live(s) == 0)
-                .take(3)
-                .collect::<Vec<_>>();
-            let emptied: Vec<u32> = std::iter::once(victim).chain(others).collect();
-            for &s in &emptied {
-                st.segs.quarantine(s);
-            }
-            emptied
+                .take(3);
+            std::iter::once(victim).chain(others).collect()
         };
-        for &s in &emptied {
-            let t = ticket();
-            let rec = Record::new(Kind::Free, 0, 1, None).aux(u64::from(s));
-            w.system_ops.push_back(Op::Append(rec, Some(t.clone())));
-            w.run_ops();
-            t.wait().unwrap();
-        }
+        free_by_records(&mut w, &emptied);
         assert_eq!(e.state.read().segs.free_order()[0], victim);
 
         // A write that does not fit the head opens the freed segment and overwrites it whole.
