@@ -8,21 +8,32 @@ connection) or io_uring on a local file; 4K, QD32 (QD1 for the commits), time-ba
 default 20 s; --quick 5 s), no ramp, so the I/Os fio reports are all the I/Os the server saw:
 
   NBD ceiling     `nbdkit memory`: random writes, then random reads (of the written data): what
-                  one NBD connection does when the server does nothing
+                  one NBD connection does when the server keeps the data in RAM; `nbdkit null`:
+                  the same when the server does no work at all (writes discarded, reads zeros)
   raw file        fio --ioengine=io_uring --direct=1, random reads and random writes on a file the
                   size of the cache file, on the same filesystem: what the cache device does
+  qemu-nbd        `qemu-nbd --cache=none --aio=io_uring` on the raw file: random reads (one
+                  connection, then 4 at QD16 each), random writes, and commits (below): what a
+                  production NBD server does serving the device itself, O_DIRECT through
+                  io_uring, the same hop flashtier's requests take
   flashtier       write-back cache (cache file on the disk, backing file in --backing-dir, RAM by
                   default): random reads of a working set warmed into the cache beforehand (the
                   server's read_hit_blocks / read_miss_blocks counters prove every read hit), the
-                  same from 4 connections at QD16 each (where the server's CPU is the limit), then
+                  same from 4 connections at QD16 each (where the server's CPU is the limit), the
+                  commit below on a cache with nothing dirty, then (after `flashtier flush`)
                   random writes over the same working set
   nbdkit file     `nbdkit file FILE cache=none` (page cache dropped after each request): random
                   writes to a file of the working set's size on the same filesystem
   nbdkit cache    `nbdkit --filter=cache file FILE cache=writeback cache-min-block-size=4K`: the
                   cache filter in write-back mode, its cache a temporary file in the page cache
   commit (QD1)    4K random write + FLUSH, one at a time (fio --fsync=1 over NBD, a FLUSH after
-                  every write) through flashtier, `nbdkit file cache=none`, and on the raw file
-                  (io_uring O_DIRECT + fdatasync after every write, --fdatasync=1)
+                  every write) through flashtier, `nbdkit file cache=none`, qemu-nbd, and on the
+                  raw file (io_uring O_DIRECT + fdatasync after every write, --fdatasync=1).
+                  flashtier's is measured twice: on a cache with nothing dirty (nothing to write
+                  back but what the commits themselves leave), and right after the random-write
+                  line, while the cleaner writes back the dirty blocks that line left (the rate
+                  controller drains the excess over its target): the cleaner's reads of those
+                  blocks share the cache device with the commits
 
 Server CPU per I/O: utime+stime of the server process (/proc/PID/stat, all threads) before and
 after the fio job, divided by the I/Os fio did. It includes whatever the server does in the
@@ -30,7 +41,9 @@ background meanwhile (flashtier: log writer, reclaim, write-back of dirty blocks
 file), which is part of what an I/O costs.
 
 Ratios (IOPS): flashtier read hits / raw file random reads; flashtier write-back writes / nbdkit
-cache filter writes; flashtier QD1 write+flush / raw file write+fdatasync.
+cache filter writes; flashtier QD1 write+flush / raw file write+fdatasync (issue 11 item 5's
+three). Beside them, what the hop allows: qemu-nbd's reads of the raw file / the raw file's, and
+nbdkit's cache filter / `nbdkit null` (a server that does nothing).
 
 The machine is shared: the load average at the start and the end is recorded, and the results
 say so when it was above 2. This is one pass, not interleaved rounds: a line's figure may be off
@@ -102,6 +115,18 @@ def nbdkit(name, argv_tail, work: Path, extra=(), env=None):
                      env=env)
 
 
+def qemu_nbd(image: Path, work: Path):
+    """`qemu-nbd` serving `image` O_DIRECT (--cache=none) through io_uring, up to 4 connections."""
+    sock = work / "hotpath-qemu-nbd.sock"
+    argv = ["qemu-nbd", "--format=raw", "--cache=none", "--aio=io_uring", "--shared=4", "--persistent",
+            "--socket", str(sock), str(image)]
+    return bl.Server("qemu-nbd", argv, sock, f"nbd+unix:///?socket={sock}", work / "hotpath-qemu-nbd.log")
+
+
+def dirty_blocks(binary, control):
+    return bl.report_cache_status(bl.flashtier_report(binary, control)).get("dirty_blocks")
+
+
 def hit_counters(binary, control):
     c = bl.flashtier_report(binary, control)["counters"]
     return c.get("read_hit_blocks", 0), c.get("read_miss_blocks", 0)
@@ -154,7 +179,7 @@ def main():
         args.working_set_mib, args.cache_mib = 256, 512
 
     load_start = os.getloadavg()
-    binary, work, machine = bl.setup(args, "fio", "nbdkit")
+    binary, work, machine = bl.setup(args, "fio", "nbdkit", "qemu-nbd")
     ws = args.working_set_mib << 20
     cache_bytes = args.cache_mib << 20
     bdir = Path(args.backing_dir)
@@ -187,6 +212,7 @@ def main():
 
     hits = None
     fmt = None
+    dirty_at = {}
     closed = {}
     try:
         # 1. The NBD protocol's ceiling: a server that does nothing.
@@ -196,12 +222,32 @@ def main():
         add("nbdkit memory: random reads", "randread",
             on_server(mem, bl.nbd_target(mem.uri), "randread", QD, args.seconds, ws), "nbdkit-memory")
         mem.stop()
+        null = nbdkit("null", ["null", str(ws)], work)
+        add("nbdkit null: random writes", "randwrite",
+            on_server(null, bl.nbd_target(null.uri), "randwrite", QD, args.seconds, ws), "nbdkit-null")
+        add("nbdkit null: random reads", "randread",
+            on_server(null, bl.nbd_target(null.uri), "randread", QD, args.seconds, ws), "nbdkit-null")
+        null.stop()
 
         # 2. The device: io_uring O_DIRECT on a file the size of the cache file.
         add("raw file (io_uring O_DIRECT): random reads", "randread",
             fio_job(bl.local_target(raw_img), "randread", QD, args.seconds, cache_bytes), "raw")
         add("raw file (io_uring O_DIRECT): random writes", "randwrite",
             fio_job(bl.local_target(raw_img), "randwrite", QD, args.seconds, cache_bytes), "raw")
+
+        # 2b. A production NBD server on the device itself: the hop, without a cache.
+        bl.evict_from_page_cache(raw_img)
+        qn = qemu_nbd(raw_img, work)
+        add("qemu-nbd (O_DIRECT, io_uring) on the raw file: random reads", "randread",
+            on_server(qn, bl.nbd_target(qn.uri), "randread", QD, args.seconds, cache_bytes), "qemu-nbd")
+        add("qemu-nbd on the raw file: random reads, 4 connections × QD16", "randread-4conn",
+            on_server(qn, bl.nbd_target(qn.uri), "randread", 16, args.seconds, cache_bytes, numjobs=4), "qemu-nbd")
+        add("qemu-nbd on the raw file: random writes", "randwrite",
+            on_server(qn, bl.nbd_target(qn.uri), "randwrite", QD, args.seconds, cache_bytes), "qemu-nbd")
+        add("qemu-nbd on the raw file: write+flush QD1", "commit",
+            on_server(qn, bl.nbd_target(qn.uri), "randwrite", 1, args.seconds, cache_bytes, ["--fsync=1"]),
+            "qemu-nbd")
+        qn.stop()
 
         # 3. flashtier write-back: read hits (warm the working set by reading it), then writes.
         fmt = bl.flashtier_format(binary, cache_img, str(backing_img), cache_bytes)
@@ -229,10 +275,17 @@ def main():
         # the limit (a kernel NBD client or qemu with several connections).
         add("flashtier write-back: read hits, 4 connections × QD16", "randread-4conn",
             on_server(ft, bl.nbd_target(ft.uri), "randread", 16, args.seconds, ws, numjobs=4), "flashtier")
+        # The database commit (4K write + FLUSH at QD1; the raw file's is step 5), first with
+        # nothing dirty to write back.
+        dirty_at["commit-clean"] = dirty_blocks(binary, control)
+        add("flashtier write-back: write+flush QD1, nothing dirty", "commit-clean",
+            on_server(ft, bl.nbd_target(ft.uri), "randwrite", 1, args.seconds, ws, ["--fsync=1"]), "flashtier")
+        bl.flashtier_ctl(binary, control, "flush")
         add("flashtier write-back: random writes", "randwrite",
             on_server(ft, bl.nbd_target(ft.uri), "randwrite", QD, args.seconds, ws), "flashtier")
-        # 5. (flashtier's part) the database commit: 4K write + FLUSH at QD1.
-        add("flashtier write-back: write+flush QD1", "commit",
+        # Then right after the writes, while the cleaner drains what they left.
+        dirty_at["commit"] = dirty_blocks(binary, control)
+        add("flashtier write-back: write+flush QD1, while write-back drains the writes' backlog", "commit",
             on_server(ft, bl.nbd_target(ft.uri), "randwrite", 1, args.seconds, ws, ["--fsync=1"]), "flashtier")
         ft.stop()
         closed = bl.flashtier_closed_event(ft.log_text())
@@ -272,6 +325,14 @@ def main():
         "writeback_writes_vs_nbdkit_cache_filter_writes": ratio(("flashtier", "randwrite"),
                                                                 ("nbdkit-cache-filter", "randwrite")),
         "commit_qd1_vs_raw_fdatasync": ratio(("flashtier", "commit"), ("raw", "commit")),
+        "commit_qd1_nothing_dirty_vs_raw_fdatasync": ratio(("flashtier", "commit-clean"), ("raw", "commit")),
+        "read_hits_vs_qemu_nbd_reads": ratio(("flashtier", "randread"), ("qemu-nbd", "randread")),
+        "qemu_nbd_reads_vs_raw_reads": ratio(("qemu-nbd", "randread"), ("raw", "randread")),
+        "qemu_nbd_reads_4conn_vs_raw_reads": ratio(("qemu-nbd", "randread-4conn"), ("raw", "randread")),
+        "commit_qd1_qemu_nbd_vs_raw_fdatasync": ratio(("qemu-nbd", "commit"), ("raw", "commit")),
+        "writeback_writes_vs_qemu_nbd_writes": ratio(("flashtier", "randwrite"), ("qemu-nbd", "randwrite")),
+        "nbdkit_cache_filter_writes_vs_nbdkit_null_writes": ratio(("nbdkit-cache-filter", "randwrite"),
+                                                                  ("nbdkit-null", "randwrite")),
         "commit_qd1_vs_nbdkit_file": ratio(("flashtier", "commit"), ("nbdkit-file", "commit")),
         "read_hits_4conn_vs_raw_reads": ratio(("flashtier", "randread-4conn"), ("raw", "randread")),
         "read_hits_vs_nbdkit_memory_reads": ratio(("flashtier", "randread"), ("nbdkit-memory", "randread")),
@@ -282,7 +343,7 @@ def main():
     loaded = max(load_start[0], load_end[0]) > 2
     doc = {"machine": machine, "args": vars(args), "command": bl.command_line(), "rows": rows, "ratios": ratios,
            "loadavg_start": load_start, "loadavg_end": load_end, "loaded": loaded, "wall_s": wall,
-           "format_output": fmt, "closed": closed, "allocations_per_io": allocs}
+           "format_output": fmt, "closed": closed, "allocations_per_io": allocs, "dirty_blocks_at_start": dirty_at}
 
     def f0(x):
         return "—" if x is None or x != x else f"{x:,.0f}"
@@ -324,7 +385,10 @@ def main():
         f"{ratios['read_hits_4conn_vs_raw_reads']:.2f}× |",
         f"| flashtier write-back writes ÷ nbdkit cache filter writes | "
         f"{ratios['writeback_writes_vs_nbdkit_cache_filter_writes']:.2f}× |",
-        f"| flashtier write+flush QD1 ÷ raw file write+fdatasync QD1 | {ratios['commit_qd1_vs_raw_fdatasync']:.2f}× |",
+        f"| flashtier write+flush QD1 ÷ raw file write+fdatasync QD1 (during write-back of a backlog) | "
+        f"{ratios['commit_qd1_vs_raw_fdatasync']:.2f}× |",
+        f"| flashtier write+flush QD1 ÷ raw file write+fdatasync QD1 (nothing dirty) | "
+        f"{ratios['commit_qd1_nothing_dirty_vs_raw_fdatasync']:.2f}× |",
         f"| flashtier write+flush QD1 ÷ nbdkit file cache=none write+flush QD1 | "
         f"{ratios['commit_qd1_vs_nbdkit_file']:.2f}× |",
         f"| flashtier read hits ÷ nbdkit memory reads | {ratios['read_hits_vs_nbdkit_memory_reads']:.2f}× |",
@@ -332,7 +396,26 @@ def main():
         f"{ratios['writeback_writes_vs_nbdkit_memory_writes']:.2f}× |",
         f"| flashtier write-back writes ÷ raw file random writes | {ratios['writeback_writes_vs_raw_writes']:.2f}× |",
         "",
+        "What the NBD hop allows on this machine, measured in the same run:",
+        "",
+        "| ratio (IOPS) | measured |",
+        "|---|---:|",
+        f"| qemu-nbd reads of the raw file ÷ raw file random reads | {ratios['qemu_nbd_reads_vs_raw_reads']:.2f}× |",
+        f"| qemu-nbd reads of the raw file, 4 connections × QD16 ÷ raw file random reads | "
+        f"{ratios['qemu_nbd_reads_4conn_vs_raw_reads']:.2f}× |",
+        f"| flashtier read hits ÷ qemu-nbd reads of the raw file | {ratios['read_hits_vs_qemu_nbd_reads']:.2f}× |",
+        f"| flashtier write-back writes ÷ qemu-nbd writes to the raw file | "
+        f"{ratios['writeback_writes_vs_qemu_nbd_writes']:.2f}× |",
+        f"| qemu-nbd write+flush QD1 ÷ raw file write+fdatasync QD1 | "
+        f"{ratios['commit_qd1_qemu_nbd_vs_raw_fdatasync']:.2f}× |",
+        f"| nbdkit cache filter writes ÷ nbdkit null writes (a server that does nothing) | "
+        f"{ratios['nbdkit_cache_filter_writes_vs_nbdkit_null_writes']:.2f}× |",
+        "",
     ]
+    if dirty_at:
+        lines += [f"Dirty blocks in flashtier's cache as each commit line started: "
+                  + ", ".join(f"{k}: {v:,}" if isinstance(v, int) else f"{k}: {v}" for k, v in dirty_at.items())
+                  + f" (of {int(closed.get('cached_blocks', 0)):,} cached at shutdown).", ""]
     if hits is not None:
         lines.append(f"Read hits: during the read line the server counted {hits['hit_blocks']:,} hit blocks and "
                      f"{hits['miss_blocks']:,} missed blocks for {hits['fio_reads']:,} fio reads "
