@@ -215,19 +215,14 @@ def main():
     dirty_at = {}
     closed = {}
     try:
-        # 1. The NBD protocol's ceiling: a server that does nothing.
-        mem = nbdkit("memory", ["memory", str(ws)], work)
-        add("nbdkit memory: random writes", "randwrite",
-            on_server(mem, bl.nbd_target(mem.uri), "randwrite", QD, args.seconds, ws), "nbdkit-memory")
-        add("nbdkit memory: random reads", "randread",
-            on_server(mem, bl.nbd_target(mem.uri), "randread", QD, args.seconds, ws), "nbdkit-memory")
-        mem.stop()
-        null = nbdkit("null", ["null", str(ws)], work)
-        add("nbdkit null: random writes", "randwrite",
-            on_server(null, bl.nbd_target(null.uri), "randwrite", QD, args.seconds, ws), "nbdkit-null")
-        add("nbdkit null: random reads", "randread",
-            on_server(null, bl.nbd_target(null.uri), "randread", QD, args.seconds, ws), "nbdkit-null")
-        null.stop()
+        # 1. The NBD protocol's ceiling: a server that keeps the data in RAM, and one that does
+        # nothing at all.
+        for plugin in ("memory", "null"):
+            srv = nbdkit(plugin, [plugin, str(ws)], work)
+            for rw, what in (("randwrite", "random writes"), ("randread", "random reads")):
+                add(f"nbdkit {plugin}: {what}", rw,
+                    on_server(srv, bl.nbd_target(srv.uri), rw, QD, args.seconds, ws), f"nbdkit-{plugin}")
+            srv.stop()
 
         # 2. The device: io_uring O_DIRECT on a file the size of the cache file.
         add("raw file (io_uring O_DIRECT): random reads", "randread",
