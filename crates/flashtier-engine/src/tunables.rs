@@ -309,8 +309,8 @@ const DEFS: &[Param] = &[
               writeback_dirty_high_pct, nor to flush, mode switches or reclaim. 0 = no cap. The \
               cleaner reads every block it writes back from the cache device, one 4 KiB read \
               each after random writes; where those reads slow a database's commits, a cap \
-              spreads them out (a virtual disk: QD1 commits during a drain at 0.54x the raw \
-              device uncapped, 0.80x at 4096).",
+              spreads them out (a virtual disk: QD1 commits during a drain at 0.56x the raw \
+              device uncapped, 0.84x at 4096).",
     },
     param! {
         name: "writeback_order",
