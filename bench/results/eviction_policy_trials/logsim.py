@@ -42,7 +42,7 @@ class Sim:
         s.RES = 2
         s.low = 3 + nseg // lowdiv
         s.target = s.low + 1 + nseg // 64
-        s.moves = s.appends = s.evicts = 0
+        s.moves = s.appends = s.evicts = s.compaction_drops = 0
         s.pending = []
         s.in_reclaim = False
 
@@ -91,19 +91,29 @@ class Sim:
             sp = min(sealed, key=lambda g: s.live[g])
             if s.live[sp] <= s.thr * s.S and len(s.free) > s.RES:
                 for l in s.blocks(sp):
-                    r = s.ref[l] and not s.cclear
-                    s.move(l, r)
+                    if s.compaction_keeps(l):
+                        s.move(l, s.ref[l] and not s.cclear)
+                    else:
+                        s.kill(l); s.evicts += 1; s.compaction_drops += 1
                 s.state[sp] = 'F'; s.free.append(sp)
                 continue
             v = min(sealed, key=lambda g: (s.live[g] > 0, s.last[g]))
             kept = 0
             for l in s.blocks(v):
-                if s.ref[l] and kept < s.S * s.keepcap and len(s.free) > 0:
+                if s.policy_keeps(l) and kept < s.S * s.keepcap and len(s.free) > 0:
                     s.move(l, False); kept += 1
                 else:
                     s.kill(l); s.evicts += 1
             s.state[v] = 'F'; s.free.append(v)
         s.in_reclaim = False
+
+    def compaction_keeps(s, l):
+        """Whether compaction copies `l` forward (else evicts it): always, here."""
+        return True
+
+    def policy_keeps(s, l):
+        """Whether a policy victim copies `l` forward, room allowing: read since cached."""
+        return s.ref[l]
 
     def move(s, l, r):
         s.moves += 1

@@ -21,7 +21,6 @@ class FSim(logsim.Sim):
         s.fmin, s.where, s.countw, s.compref = fmin, where, countw, compref
         s.window = int(window * s.N * s.S)
         s.since = 0
-        s.dropped_comp = 0
 
     def touch(s, lba):
         s.freq[lba] = min(s.freq.get(lba, 0) + 1, 15)
@@ -39,31 +38,11 @@ class FSim(logsim.Sim):
     def keep(s, l):
         return s.freq.get(l, 0) >= s.fmin
 
-    def reclaim(s):
-        s.in_reclaim = True
-        while len(s.free) < s.target:
-            sealed = [g for g in range(s.N) if s.state[g] == 'S']
-            if not sealed:
-                break
-            sp = min(sealed, key=lambda g: s.live[g])
-            if s.live[sp] <= s.thr * s.S and len(s.free) > s.RES:
-                for l in s.blocks(sp):
-                    if s.where in ('comp', 'both') and not s.keep(l) and not (s.compref and s.ref[l]):
-                        s.kill(l); s.evicts += 1; s.dropped_comp += 1
-                    else:
-                        s.move(l, s.ref[l])
-                s.state[sp] = 'F'; s.free.append(sp)
-                continue
-            v = min(sealed, key=lambda g: (s.live[g] > 0, s.last[g]))
-            kept = 0
-            for l in s.blocks(v):
-                want = s.ref[l] or (s.where in ('pol', 'both') and s.keep(l))
-                if want and kept < s.S * s.keepcap and len(s.free) > 0:
-                    s.move(l, False); kept += 1
-                else:
-                    s.kill(l); s.evicts += 1
-            s.state[v] = 'F'; s.free.append(v)
-        s.in_reclaim = False
+    def compaction_keeps(s, l):
+        return (s.where not in ('comp', 'both') or s.keep(l) or (s.compref and s.ref[l]))
+
+    def policy_keeps(s, l):
+        return s.ref[l] or (s.where in ('pol', 'both') and s.keep(l))
 
 if __name__ == '__main__':
     ops = logsim.load(sys.argv[1])
@@ -71,4 +50,4 @@ if __name__ == '__main__':
     kw = eval('dict(' + (sys.argv[4] if len(sys.argv) > 4 else '') + ')')
     sim = FSim(nseg, 1024, thr, 'single', **kw)
     mr, avg, end, mv, ev = sim.run(ops)
-    print(kw, f"nseg={nseg} thr={thr}: miss {mr:.3f} live avg {avg:.3f} moves/op {mv/len(ops):.2f} evicts {ev} compdrops {sim.dropped_comp}", flush=True)
+    print(kw, f"nseg={nseg} thr={thr}: miss {mr:.3f} live avg {avg:.3f} moves/op {mv/len(ops):.2f} evicts {ev} compdrops {sim.compaction_drops}", flush=True)
