@@ -2,11 +2,14 @@
 """Requests executed at once per connection (`serve --threads`): what each setting does to 4K
 write-back writes and read hits at QD32 over one NBD connection.
 
-A write-back write holds its NBD worker thread until the log writer has written its record, so the
-threads of a connection bound how many writes a log batch can gather: with fewer threads than the
-client keeps in flight, a batch holds what the threads freed by the previous batch bring, each
-batch costs a header block of cache space, and every batch is a device write of its own. This
-measures that, against the default, in interleaved rounds on the same files:
+A write-back write holds its NBD worker thread until the log writer has written its record. Before
+the NBD layer batched WRITEs, that made the threads of a connection bound how many writes a log
+batch could gather (each batch costs a header block of cache space and a device write of its own),
+which is why the default is 16. Since a thread takes up to 8 pipelined WRITEs (or READs) at once,
+4 threads keep a QD32 client's requests in flight too, and in bench/results/hotpath_hop/ (stop 49)
+they served as much at 15-30% less server CPU per I/O; what keeps the default at 16 is requests
+that wait on the backing store (misses, write-through writes), which hold a thread each. This
+measures the settings against each other, in interleaved rounds on the same files:
 
   for each round, for each --threads setting (order alternating between rounds): format a fresh
   write-back cache (cache file on the disk, backing file in --backing-dir, RAM by default), serve
