@@ -100,7 +100,7 @@ for entry in "${targets[@]}"; do
         echo "--- $target FAILED (exit $status):"
         trouble=$(awk '/panicked at|==ERROR|ERROR: libFuzzer|ERROR: AddressSanitizer/ { p = 1 } p' "$log" |
             grep -v -E '^ +#[0-9]+ 0x[0-9a-f]+ in (fuzzer::|std::|core::|__rust|rust_fuzzer|LLVMFuzzer|main|_start|__libc)' |
-            head -n 80)
+            head -n 80 || true)
         if [[ -n $trouble ]]; then echo "$trouble"; else tail -n 40 "$log"; fi
         artifact=$(sed -n 's/.*Test unit written to \(.*\)$/\1/p' "$log" | tail -n 1)
         failed+=("$target${artifact:+ $artifact}")
