@@ -60,9 +60,12 @@ class Sim:
             s.slot_lba[old] = -1
             s.live[old // s.S] -= 1
 
+    def head_for(s, which):
+        """The head a block asked for `which` ('c' client, 'm' reclaim's moves) goes to."""
+        return which if s.mode == 'sep' else 'c'
+
     def append(s, lba, which='c', ref=False):
-        if s.mode != 'sep':
-            which = 'c'
+        which = s.head_for(which)
         h = s.heads[which]
         while h is None or h[1] == s.S:
             if h is not None:

@@ -18,23 +18,10 @@ class HSim(logsim.Sim):
         s.movesep = movesep
         s.hot_writes = 0
 
-    def append(s, lba, which='c', ref=False):
+    def head_for(s, which):
         if which == 'm' and not s.movesep:
-            which = 'c'
-        h = s.heads[which]
-        while h is None or h[1] == s.S:
-            if h is not None:
-                s.state[h[0]] = 'S'
-            s.open_head(which)
-            h = s.heads[which]
-        s.kill(lba)
-        slot = h[0] * s.S + h[1]
-        h[1] += 1
-        s.loc[lba] = slot
-        s.slot_lba[slot] = lba
-        s.live[h[0]] += 1
-        s.ref[lba] = ref
-        s.appends += 1
+            return 'c'
+        return which
 
     def step(s, i, o):
         if o < 0:
