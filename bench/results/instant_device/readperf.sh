@@ -1,15 +1,21 @@
 #!/bin/bash
-# usage: readperf.sh BIN CACHE OUT [serve args]: read hits as reads.sh; perf record -g of the server for 5 s, perf stat 3 s
+# usage: readperf.sh BIN CACHE OUT [serve args]: read hits as reads.sh (the cache warmed by reading it);
+# perf record -g of the server for 5 s from the job's third second, then perf stat for 3 s
 BIN=$1; cache=$2; OUT=$3; shift 3
 W=/var/tmp/instant; backing=/dev/shm/instant-backing.img
 rm -f $backing; truncate -s 1G $backing
 case $cache in /dev/shm/*) rm -f $cache; truncate -s 2G $cache;; esac
 rm -f $W/s.sock $W/c.sock
 $BIN format --cache $cache --backing $backing --force --no-probe >/dev/null 2>$W/format.err
-$BIN serve --backing $backing --cache $cache --mode writeback --listen $W/s.sock --control-socket $W/c.sock "$@" >"$W/serve.log" 2>&1 &
+$BIN serve --backing $backing --cache $cache --mode writeback --set sequential_cutoff_read_kib=0 --listen $W/s.sock --control-socket $W/c.sock "$@" >"$W/serve.log" 2>&1 &
 pid=$!; for i in $(seq 100); do [ -S $W/s.sock ] && break; sleep 0.1; done
 uri="nbd+unix:///?socket=$W/s.sock"
-fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --size=1G >/dev/null 2>&1
+counter() { $BIN stats --control $W/c.sock --json | python3 -c "import json,sys; print(json.load(sys.stdin)['counters']['$1'])"; }
+for p in 1 2 3 4; do
+  before=$(counter read_miss_blocks); fio --name=warm --ioengine=nbd --uri="$uri" --rw=read --bs=1M --iodepth=4 --size=1G >/dev/null 2>&1
+  last=$(counter promoted_blocks); while sleep 1; do now=$(counter promoted_blocks); [ "$now" = "$last" ] && break; last=$now; done
+  [ "$before" = "$(counter read_miss_blocks)" ] && break
+done
 fio --name=r --ioengine=nbd --uri="$uri" --rw=randread --bs=4k --iodepth=32 --size=1G --time_based --runtime=14 --output-format=json > $OUT.fio.json 2>/dev/null &
 sleep 2
 perf record -F 1999 -g -p $pid -o $OUT.perf.data -- sleep 5 >/dev/null 2>&1
