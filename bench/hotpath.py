@@ -22,6 +22,10 @@ default 20 s; --quick 5 s), no ramp, so the I/Os fio reports are all the I/Os th
                   same from 4 connections at QD16 each (where the server's CPU is the limit), the
                   commit below on a cache with nothing dirty, then (after `flashtier flush`)
                   random writes over the same working set
+  flashtier RAM   the same, with the cache file in --backing-dir too (RAM by default): read hits
+                  (warmed the same way) and random writes, the server's own path when the cache
+                  device costs nothing (not durable, never a configuration: a measurement of what
+                  the device adds)
   nbdkit file     `nbdkit file FILE cache=none` (page cache dropped after each request): random
                   writes to a file of the working set's size on the same filesystem
   nbdkit cache    `nbdkit --filter=cache file FILE cache=writeback cache-min-block-size=4K`: the
@@ -42,8 +46,10 @@ file), which is part of what an I/O costs.
 
 Ratios (IOPS): flashtier read hits / raw file random reads; flashtier write-back writes / nbdkit
 cache filter writes; flashtier QD1 write+flush / raw file write+fdatasync (issue 11 item 5's
-three). Beside them, what the hop allows: qemu-nbd's reads of the raw file / the raw file's, and
-nbdkit's cache filter / `nbdkit null` (a server that does nothing).
+three); the RAM cache's read hits / raw file random reads and its writes / nbdkit cache filter
+writes (the same targets without the device's cost). Beside them, what the hop allows: qemu-nbd's
+reads of the raw file / the raw file's, and nbdkit's cache filter / `nbdkit null` (a server that
+does nothing).
 
 The machine is shared: the load average at the start and the end is recorded, and the results
 say so when it was above 2. This is one pass, not interleaved rounds: a line's figure may be off
@@ -130,6 +136,27 @@ def dirty_blocks(binary, control):
 def hit_counters(binary, control):
     c = bl.flashtier_report(binary, control)["counters"]
     return c.get("read_hit_blocks", 0), c.get("read_miss_blocks", 0)
+
+
+def read_hits(binary, server, control, ws, seconds):
+    """Warms the working set into the cache by reading it (1 MiB reads, promotions settled, up to
+    four passes, until one misses nothing), then measures QD32 random reads; `hits` says how many
+    of them the server counted as hits and misses."""
+    for p in range(4):
+        h0, m0 = hit_counters(binary, control)
+        bl.run_fio(bl.nbd_target(server.uri), "read", bs="1M", iodepth=4, size=ws, time_based=False)
+        bl.flashtier_wait_promotions(binary, control)
+        h1, m1 = hit_counters(binary, control)
+        print(f"warm pass {p + 1}: {h1 - h0} hit blocks, {m1 - m0} missed blocks", flush=True)
+        if m1 == m0:
+            break
+    h0, m0 = hit_counters(binary, control)
+    m = on_server(server, bl.nbd_target(server.uri), "randread", QD, seconds, ws)
+    h1, m1 = hit_counters(binary, control)
+    m["hits"] = {"hit_blocks": h1 - h0, "miss_blocks": m1 - m0, "fio_reads": m["ios"]}
+    if m1 != m0:
+        print(f"warning: {m1 - m0} of the measured reads missed", flush=True)
+    return m
 
 
 ALLOC_TEST = ["cargo", "test", "--locked", "-q", "-p", "flashtier-engine", "--test", "hot_path_allocations", "--",
@@ -250,22 +277,9 @@ def main():
         ft = bl.flashtier_cache_serve(binary, cache_img, str(backing_img), work / "hotpath-ft.sock",
                                       work / "hotpath-ft.log", threads=args.threads,
                                       extra=["--control-socket", str(control)])
-        for p in range(4):
-            h0, m0 = hit_counters(binary, control)
-            bl.run_fio(bl.nbd_target(ft.uri), "read", bs="1M", iodepth=4, size=ws, time_based=False)
-            bl.flashtier_wait_promotions(binary, control)
-            h1, m1 = hit_counters(binary, control)
-            print(f"warm pass {p + 1}: {h1 - h0} hit blocks, {m1 - m0} missed blocks", flush=True)
-            if m1 == m0:
-                break
-        h0, m0 = hit_counters(binary, control)
-        m = on_server(ft, bl.nbd_target(ft.uri), "randread", QD, args.seconds, ws)
-        h1, m1 = hit_counters(binary, control)
-        hits = {"hit_blocks": h1 - h0, "miss_blocks": m1 - m0, "fio_reads": m["ios"]}
-        m["hits"] = hits
+        m = read_hits(binary, ft, control, ws, args.seconds)
+        hits = m["hits"]
         add("flashtier write-back: read hits", "randread", m, "flashtier")
-        if m1 != m0:
-            print(f"warning: {m1 - m0} of the measured reads missed", flush=True)
         # Four connections at QD16 each: the server's CPU, not one connection's round trips, is
         # the limit (a kernel NBD client or qemu with several connections).
         add("flashtier write-back: read hits, 4 connections × QD16", "randread-4conn",
@@ -284,6 +298,25 @@ def main():
             on_server(ft, bl.nbd_target(ft.uri), "randwrite", 1, args.seconds, ws, ["--fsync=1"]), "flashtier")
         ft.stop()
         closed = bl.flashtier_closed_event(ft.log_text())
+
+        # 3b. The same with the cache file in the backing directory (RAM by default): the
+        # server's own path when the cache device costs nothing (not durable: a measurement).
+        ram_cache = bdir / "hotpath-ram-cache.img"
+        try:
+            bl.flashtier_format(binary, ram_cache, str(backing_img), cache_bytes)
+            ram_control = work / "hotpath-ft-ram.control"
+            fr = bl.flashtier_cache_serve(binary, ram_cache, str(backing_img), work / "hotpath-ft-ram.sock",
+                                          work / "hotpath-ft-ram.log", threads=args.threads,
+                                          extra=["--control-socket", str(ram_control)])
+            where = f"cache file in {args.backing_dir}"
+            add(f"flashtier write-back, {where}: read hits", "randread",
+                read_hits(binary, fr, ram_control, ws, args.seconds), "flashtier-ram")
+            bl.flashtier_ctl(binary, ram_control, "flush")
+            add(f"flashtier write-back, {where}: random writes", "randwrite",
+                on_server(fr, bl.nbd_target(fr.uri), "randwrite", QD, args.seconds, ws), "flashtier-ram")
+            fr.stop()
+        finally:
+            ram_cache.unlink(missing_ok=True)
 
         # 4. nbdkit file cache=none and nbdkit's cache filter (page cache) random writes.
         bl.evict_from_page_cache(file_img)
@@ -334,6 +367,9 @@ def main():
         "writeback_writes_vs_nbdkit_memory_writes": ratio(("flashtier", "randwrite"),
                                                           ("nbdkit-memory", "randwrite")),
         "writeback_writes_vs_raw_writes": ratio(("flashtier", "randwrite"), ("raw", "randwrite")),
+        "ram_cache_read_hits_vs_raw_reads": ratio(("flashtier-ram", "randread"), ("raw", "randread")),
+        "ram_cache_writes_vs_nbdkit_cache_filter_writes": ratio(("flashtier-ram", "randwrite"),
+                                                                ("nbdkit-cache-filter", "randwrite")),
     }
     loaded = max(load_start[0], load_end[0]) > 2
     doc = {"machine": machine, "args": vars(args), "command": bl.command_line(), "rows": rows, "ratios": ratios,
@@ -390,6 +426,16 @@ def main():
         f"| flashtier write-back writes ÷ nbdkit memory writes | "
         f"{ratios['writeback_writes_vs_nbdkit_memory_writes']:.2f}× |",
         f"| flashtier write-back writes ÷ raw file random writes | {ratios['writeback_writes_vs_raw_writes']:.2f}× |",
+        "",
+        f"The same build with its cache file in {args.backing_dir} (no device cost, not durable): what "
+        "flashtier's own path does against the same targets (see bench/results/instant_device/):",
+        "",
+        "| ratio (IOPS) | measured |",
+        "|---|---:|",
+        f"| flashtier read hits, cache file in {args.backing_dir} ÷ raw file random reads | "
+        f"{ratios['ram_cache_read_hits_vs_raw_reads']:.2f}× |",
+        f"| flashtier write-back writes, cache file in {args.backing_dir} ÷ nbdkit cache filter writes | "
+        f"{ratios['ram_cache_writes_vs_nbdkit_cache_filter_writes']:.2f}× |",
         "",
         "What the NBD hop allows on this machine, measured in the same run:",
         "",
