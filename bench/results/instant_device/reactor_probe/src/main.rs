@@ -50,11 +50,16 @@ fn main() -> io::Result<()> {
     let size = file.metadata()?.len();
     let _ = std::fs::remove_file(&args[2]);
     let listener = UnixListener::bind(&args[2])?;
+    // The read buffers, allocated once and reused by every connection.
+    let layout = Layout::from_size_align(MAX_READ, 4096).unwrap();
+    let bufs: Vec<*mut u8> = (0..SLOTS)
+        .map(|_| unsafe { alloc_zeroed(layout) })
+        .collect();
     loop {
         let (mut s, _) = listener.accept()?;
         match handshake(&mut s, size) {
             Ok(true) => {
-                if let Err(e) = transmission(&mut s, &file) {
+                if let Err(e) = transmission(&mut s, &file, &bufs) {
                     eprintln!("connection: {e}");
                 }
             }
@@ -129,22 +134,55 @@ struct Slot {
     len: usize,
 }
 
-fn transmission(s: &mut UnixStream, file: &File) -> io::Result<()> {
+fn transmission(s: &mut UnixStream, file: &File, bufs: &[*mut u8]) -> io::Result<()> {
+    let mut inbuf = vec![0u8; INBUF];
     let mut ring = IoUring::new(2 * SLOTS as u32)?;
-    let layout = Layout::from_size_align(MAX_READ, 4096).unwrap();
-    let mut slots: Vec<Slot> = (0..SLOTS)
-        .map(|_| Slot {
-            buf: unsafe { alloc_zeroed(layout) },
+    let (mut in_flight, mut recv_armed) = (0usize, false);
+    let result = serve(
+        s,
+        file,
+        bufs,
+        &mut inbuf,
+        &mut ring,
+        &mut in_flight,
+        &mut recv_armed,
+    );
+    // The buffers go to the next connection and `inbuf` away: nothing of this one may still land
+    // in them. Shutting the socket down ends a RECV still in the ring.
+    let _ = s.shutdown(std::net::Shutdown::Both);
+    while in_flight > 0 || recv_armed {
+        ring.submit_and_wait(1)?;
+        for cqe in ring.completion() {
+            if cqe.user_data() == RECV {
+                recv_armed = false;
+            } else {
+                in_flight -= 1;
+            }
+        }
+    }
+    result
+}
+
+fn serve(
+    s: &mut UnixStream,
+    file: &File,
+    bufs: &[*mut u8],
+    inbuf: &mut [u8],
+    ring: &mut IoUring,
+    in_flight: &mut usize,
+    recv_armed: &mut bool,
+) -> io::Result<()> {
+    let mut slots: Vec<Slot> = bufs
+        .iter()
+        .map(|&buf| Slot {
+            buf,
             header: [0; 16],
             len: 0,
         })
         .collect();
     let mut free: Vec<usize> = (0..SLOTS).rev().collect();
-    let mut inbuf = vec![0u8; INBUF];
     let (mut start, mut end) = (0usize, 0usize);
-    let mut recv_armed = false;
     let mut disconnecting = false;
-    let mut in_flight = 0usize;
     let mut done: Vec<usize> = Vec::with_capacity(SLOTS);
     let mut errors: Vec<[u8; 16]> = Vec::new();
     let sock = s.as_raw_fd();
@@ -174,7 +212,7 @@ fn transmission(s: &mut UnixStream, file: &File) -> io::Result<()> {
                         .build()
                         .user_data(i as u64);
                     unsafe { ring.submission().push(&sqe).map_err(io::Error::other)? };
-                    in_flight += 1;
+                    *in_flight += 1;
                 }
                 CMD_DISC => disconnecting = true,
                 _ => {
@@ -183,10 +221,10 @@ fn transmission(s: &mut UnixStream, file: &File) -> io::Result<()> {
                 }
             }
         }
-        if disconnecting && in_flight == 0 {
+        if disconnecting && *in_flight == 0 {
             return Ok(());
         }
-        if !recv_armed && !disconnecting {
+        if !*recv_armed && !disconnecting {
             if start > 0 {
                 inbuf.copy_within(start..end, 0);
                 end -= start;
@@ -200,12 +238,12 @@ fn transmission(s: &mut UnixStream, file: &File) -> io::Result<()> {
             .build()
             .user_data(RECV);
             unsafe { ring.submission().push(&sqe).map_err(io::Error::other)? };
-            recv_armed = true;
+            *recv_armed = true;
         }
         ring.submit_and_wait(1)?;
         for cqe in ring.completion() {
             if cqe.user_data() == RECV {
-                recv_armed = false;
+                *recv_armed = false;
                 match cqe.result() {
                     0 => disconnecting = true,
                     n if n < 0 => return Err(io::Error::from_raw_os_error(-n)),
@@ -213,9 +251,13 @@ fn transmission(s: &mut UnixStream, file: &File) -> io::Result<()> {
                 }
             } else {
                 let i = cqe.user_data() as usize;
-                in_flight -= 1;
+                *in_flight -= 1;
                 if cqe.result() != slots[i].len as i32 {
-                    let err = if cqe.result() < 0 { -cqe.result() } else { libc::EIO };
+                    let err = if cqe.result() < 0 {
+                        -cqe.result()
+                    } else {
+                        libc::EIO
+                    };
                     slots[i].header[4..8].copy_from_slice(&(err as u32).to_be_bytes());
                     slots[i].len = 0;
                 }
@@ -244,7 +286,7 @@ fn transmission(s: &mut UnixStream, file: &File) -> io::Result<()> {
         }
         write_all_iov(sock, &mut iov)?;
         errors.clear();
-        free.extend(done.drain(..));
+        free.append(&mut done);
     }
 }
 
