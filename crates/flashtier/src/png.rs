@@ -9,13 +9,15 @@ pub const GREY: u8 = 2;
 pub const BLUE: u8 = 3;
 pub const RED: u8 = 4;
 pub const GREEN: u8 = 5;
-const PALETTE: [[u8; 3]; 6] = [
+pub const ORANGE: u8 = 6;
+const PALETTE: [[u8; 3]; 7] = [
     [255, 255, 255],
     [0, 0, 0],
     [200, 200, 200],
     [30, 90, 200],
     [210, 40, 40],
     [40, 150, 60],
+    [230, 140, 20],
 ];
 
 pub struct Canvas {

@@ -1,6 +1,7 @@
 //! `flashtier advise TRACE`: how the read miss ratio of a cache would fall with its size, for
 //! exact LRU, FIFO and S3-FIFO, from a trace of the volume's requests (`flashtier trace`), and
-//! the size that gets most of the achievable hits.
+//! the size that gets most of the achievable hits. Beside them, the floor no cache can go under
+//! (Belady's clairvoyant MIN, `opt`): how much any policy could still win at each size.
 //!
 //! Spatial sampling (SHARDS, Waldspurger et al., FAST 2015): a block is analysed iff a hash of
 //! its number falls below a threshold, so a fraction `R` of the blocks is kept with every one of
@@ -23,6 +24,7 @@
 //! `--engine-accesses` block accesses.
 
 mod engine_sim;
+mod opt;
 mod plot;
 mod policies;
 mod stack;
@@ -36,6 +38,7 @@ use serde_json::json;
 
 use crate::trace_cmd::open_trace;
 use crate::units::{fmt_bytes, parse_size};
+use opt::NextReads;
 use policies::{Fifo, S3Fifo, Simulated};
 use stack::{LruCurve, LruStack};
 
@@ -53,7 +56,9 @@ const MIN_SAMPLED_BLOCKS: u64 = 64;
 Record a trace with `flashtier trace start FILE` (or `serve --trace FILE`) under the real \
 workload, then run this on it. Sizes are of the cache's data (what `format --size` gives, less \
 its metadata). The recommended size is the smallest at which exact LRU gets the stated share of \
-the hits an unbounded cache would get (every read but each block's first).")]
+the hits an unbounded cache would get (every read but each block's first). OPT is Belady's \
+clairvoyant MIN: the fewest misses any cache of that size could have, knowing every request to \
+come. It is a floor, not a policy: no cache reaches it, and none goes below it.")]
 pub struct AdviseArgs {
     /// The trace (from `flashtier trace`, or `trace from-fio`).
     #[arg(value_name = "TRACE")]
@@ -252,6 +257,8 @@ struct Row {
     lru: f64,
     fifo: f64,
     s3fifo: f64,
+    /// The floor: Belady's MIN (`opt`).
+    opt: f64,
     /// |difference| of the two half samples' LRU miss ratios.
     spread: f64,
     /// flashtier's own, replayed (`--engine`); `None` when not asked for or too small to scale.
@@ -330,6 +337,7 @@ fn analyse(args: &AdviseArgs) -> anyhow::Result<Analysis> {
         args.sizes.iter().map(|s| (s / bs).max(1)).collect()
     };
     let scaled = |blocks: u64| ((blocks as f64 * rate).round() as u64).max(1);
+    let next_reads = NextReads::of(&sampled);
     let mut rows: Vec<Row> = sizes
         .iter()
         .map(|&blocks| {
@@ -344,6 +352,7 @@ fn analyse(args: &AdviseArgs) -> anyhow::Result<Analysis> {
                 lru: adjusted(lru_curve.reads - lru_curve.hits(s), expected),
                 fifo: adjusted(simulate(&sampled, Fifo::new(s as usize)), expected),
                 s3fifo: adjusted(simulate(&sampled, S3Fifo::new(s as usize)), expected),
+                opt: adjusted(next_reads.read_misses(&sampled, s as usize), expected),
                 spread: (half(&halves[0]) - half(&halves[1])).abs(),
                 engine: None,
             }
@@ -539,6 +548,7 @@ pub fn run(args: AdviseArgs) -> anyhow::Result<()> {
                     "lru_miss_ratio": r.lru,
                     "fifo_miss_ratio": r.fifo,
                     "s3fifo_miss_ratio": r.s3fifo,
+                    "opt_miss_ratio": r.opt,
                 });
                 if let Some(e) = r.engine {
                     row["flashtier_miss_ratio"] = json!(e.miss_ratio);
@@ -590,8 +600,8 @@ pub fn run(args: AdviseArgs) -> anyhow::Result<()> {
         String::new()
     };
     println!(
-        "{:>12}  {:>9}  {:>9}  {:>9}{engine_head}",
-        "cache size", "LRU", "FIFO", "S3-FIFO"
+        "{:>12}  {:>9}  {:>9}  {:>9}  {:>9}{engine_head}",
+        "cache size", "LRU", "FIFO", "S3-FIFO", "OPT"
     );
     for r in &a.rows {
         let engine = match (args.engine, r.engine) {
@@ -604,11 +614,12 @@ pub fn run(args: AdviseArgs) -> anyhow::Result<()> {
             (true, None) => format!("  {:>9}  {:>6}", "too small", "-"),
         };
         println!(
-            "{:>12}  {:>8.1}%  {:>8.1}%  {:>8.1}%{engine}",
+            "{:>12}  {:>8.1}%  {:>8.1}%  {:>8.1}%  {:>8.1}%{engine}",
             fmt_bytes(r.blocks * bs),
             r.lru * 100.0,
             r.fifo * 100.0,
-            r.s3fifo * 100.0
+            r.s3fifo * 100.0,
+            r.opt * 100.0
         );
     }
     println!(
@@ -715,6 +726,7 @@ mod tests {
                 ("lru", e.lru, s.lru),
                 ("fifo", e.fifo, s.fifo),
                 ("s3fifo", e.s3fifo, s.s3fifo),
+                ("opt", e.opt, s.opt),
             ] {
                 assert!(
                     (x - y).abs() <= 0.03_f64.max(2.0 * stated),
@@ -727,6 +739,15 @@ mod tests {
         // main FIFO) beat LRU somewhere.
         assert!(exact.rows.windows(2).all(|w| w[1].lru <= w[0].lru));
         assert!(exact.rows.iter().any(|r| r.s3fifo < r.lru - 0.01));
+        // No policy goes under the floor, and LRU stays well above it on this trace.
+        for r in &exact.rows {
+            assert!(
+                r.opt <= r.lru.min(r.fifo).min(r.s3fifo) + 1e-12,
+                "{}",
+                r.blocks
+            );
+        }
+        assert!(exact.rows.iter().any(|r| r.opt < r.lru - 0.05));
         // The recommendation reaches 90% of the achievable hits, and a smaller cache does not.
         let rec = exact.size_for(0.9);
         let cold = exact.lru_miss_ratio(u64::MAX / 2);

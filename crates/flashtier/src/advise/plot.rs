@@ -6,7 +6,7 @@ use std::path::Path;
 use anyhow::Context;
 
 use super::Analysis;
-use crate::png::{Canvas, BLACK, BLUE, GREEN, GREY, RED};
+use crate::png::{Canvas, BLACK, BLUE, GREEN, GREY, ORANGE, RED};
 use crate::units::fmt_bytes;
 
 const W: usize = 900;
@@ -37,6 +37,7 @@ pub fn write(path: &Path, a: &Analysis, bs: u64, recommend_blocks: u64) -> anyho
                 r.lru,
                 r.fifo,
                 r.s3fifo,
+                r.opt,
                 r.engine.map_or(0.0, |e| e.miss_ratio),
             ]
         })
@@ -45,9 +46,9 @@ pub fn write(path: &Path, a: &Analysis, bs: u64, recommend_blocks: u64) -> anyho
     let max = (highest * 1.1).min(1.0);
     let y_of = |ratio: f64| bottom - (ratio / max * (bottom - top) as f64).round() as i64;
     let title = if a.rows.iter().any(|r| r.engine.is_some()) {
-        "READ MISS RATIO BY CACHE SIZE - LRU BLUE, FIFO GREY, S3-FIFO GREEN, FLASHTIER BLACK"
+        "READ MISS RATIO BY CACHE SIZE - LRU BLUE, FIFO GREY, S3-FIFO GREEN, OPT ORANGE, FLASHTIER BLACK"
     } else {
-        "READ MISS RATIO BY CACHE SIZE - LRU BLUE, FIFO GREY, S3-FIFO GREEN"
+        "READ MISS RATIO BY CACHE SIZE - LRU BLUE, FIFO GREY, S3-FIFO GREEN, OPT (FLOOR) ORANGE"
     };
     c.text(left, 14, title, BLACK);
     for k in 0..=4 {
@@ -59,11 +60,17 @@ pub fn write(path: &Path, a: &Analysis, bs: u64, recommend_blocks: u64) -> anyho
     }
     c.line((left, top), (left, bottom), BLACK, false);
     c.line((left, bottom), (right, bottom), BLACK, false);
-    for (series, colour) in [(0, BLUE), (1, GREY), (2, GREEN), (3, BLACK)] {
+    for (series, colour) in [(0, BLUE), (1, GREY), (2, GREEN), (3, ORANGE), (4, BLACK)] {
         let mut prev = None;
         for r in &a.rows {
             let engine = r.engine.map(|e| e.miss_ratio);
-            let Some(v) = [Some(r.lru), Some(r.fifo), Some(r.s3fifo), engine][series] else {
+            let Some(v) = [
+                Some(r.lru),
+                Some(r.fifo),
+                Some(r.s3fifo),
+                Some(r.opt),
+                engine,
+            ][series] else {
                 prev = None;
                 continue;
             };
