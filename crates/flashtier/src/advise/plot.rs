@@ -45,12 +45,13 @@ pub fn write(path: &Path, a: &Analysis, bs: u64, recommend_blocks: u64) -> anyho
         .max(0.01);
     let max = (highest * 1.1).min(1.0);
     let y_of = |ratio: f64| bottom - (ratio / max * (bottom - top) as f64).round() as i64;
-    let title = if a.rows.iter().any(|r| r.engine.is_some()) {
-        "READ MISS RATIO BY CACHE SIZE - LRU BLUE, FIFO GREY, S3-FIFO GREEN, OPT ORANGE, FLASHTIER BLACK"
+    let legend = if a.rows.iter().any(|r| r.engine.is_some()) {
+        "LRU BLUE, FIFO GREY, S3-FIFO GREEN, OPT ORANGE, FLASHTIER BLACK"
     } else {
-        "READ MISS RATIO BY CACHE SIZE - LRU BLUE, FIFO GREY, S3-FIFO GREEN, OPT (FLOOR) ORANGE"
+        "LRU BLUE, FIFO GREY, S3-FIFO GREEN, OPT ORANGE"
     };
-    c.text(left, 14, title, BLACK);
+    c.text(left, 10, "READ MISS RATIO BY CACHE SIZE", BLACK);
+    c.text(left, 32, legend, BLACK);
     for k in 0..=4 {
         let v = max * k as f64 / 4.0;
         let y = y_of(v);

@@ -236,6 +236,15 @@ fn advise_reads_a_recorded_trace_and_plots_its_curves() {
         lru.windows(2).all(|w| w[1] <= w[0]),
         "LRU misses less with more cache: {lru:?}"
     );
+    // The floor: no cache misses less than the clairvoyant one, at any size.
+    for p in curve {
+        let opt = p["opt_miss_ratio"].as_f64().unwrap();
+        let best = ["lru_miss_ratio", "fifo_miss_ratio", "s3fifo_miss_ratio"]
+            .iter()
+            .map(|k| p[k].as_f64().unwrap())
+            .fold(f64::MAX, f64::min);
+        assert!(opt > 0.0 && opt <= best + 1e-12, "{p}");
+    }
     let ws = json["working_set_bytes"].as_u64().unwrap();
     let rec = json["recommended_bytes"].as_u64().unwrap();
     assert!(rec > 0 && rec <= ws && ws <= 64 << 20, "{json}");
@@ -245,7 +254,7 @@ fn advise_reads_a_recorded_trace_and_plots_its_curves() {
     // The table says the same; a trace that is not one is refused.
     let table = flashtier(&["advise", path_str(&trace), "--sizes", "1M,8M"]);
     assert!(
-        table.contains("S3-FIFO") && table.contains("recommended:"),
+        table.contains("S3-FIFO") && table.contains("OPT") && table.contains("recommended:"),
         "{table}"
     );
     let bad = flashtier_fails(&["advise", path_str(&img)]);
