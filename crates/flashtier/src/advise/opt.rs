@@ -19,8 +19,10 @@ use std::collections::{BinaryHeap, HashMap};
 
 use super::Access;
 
-/// A block never read again before it is written, trimmed or the stream ends.
-const NEVER: u64 = u64::MAX - 1;
+/// A block never read again before it is written, trimmed or the stream ends. Above every index
+/// into a stream; a held block's key adds the index of the access that brought it (see
+/// `read_misses`).
+const NEVER: u64 = 1 << 63;
 /// A block the simulated cache does not hold.
 const NOT_HELD: u64 = u64::MAX;
 
@@ -66,13 +68,19 @@ impl NextReads {
     /// were computed from).
     pub fn read_misses(&self, stream: &[Access], capacity: usize) -> u64 {
         debug_assert_eq!(stream.len(), self.next.len());
-        // Per block: its next read while held, else NOT_HELD. The heap holds (next read, block),
-        // some of them stale (the block since dropped, or read again).
+        // Per block: its key while held (its next read; for a block worth nothing, NEVER plus the
+        // index of the access that brought it, so every key is pushed once), else NOT_HELD. The
+        // heap holds (key, block); an entry whose key is not the block's any more is stale.
         let mut held = vec![NOT_HELD; self.blocks];
         let mut count = 0usize;
         let mut heap: BinaryHeap<(u64, u32)> = BinaryHeap::new();
         let mut misses = 0u64;
-        for ((&a, &id), &next) in stream.iter().zip(&self.ids).zip(&self.next) {
+        for (i, ((&a, &id), &next)) in stream.iter().zip(&self.ids).zip(&self.next).enumerate() {
+            let key = if next == NEVER {
+                NEVER + i as u64
+            } else {
+                next
+            };
             let slot = &mut held[id as usize];
             match a {
                 Access::Read(_) => misses += (*slot == NOT_HELD) as u64,
@@ -84,8 +92,8 @@ impl NextReads {
                 }
             }
             count += (*slot == NOT_HELD) as usize;
-            *slot = next;
-            heap.push((next, id));
+            *slot = key;
+            heap.push((key, id));
             while count > capacity {
                 let (when, b) = heap.pop().expect("every held block is in the heap");
                 if held[b as usize] == when {
@@ -93,13 +101,11 @@ impl NextReads {
                     count -= 1;
                 }
             }
-            // Stale entries would otherwise pile up to one per access.
+            // Stale entries would otherwise pile up to one per access. Keys are unique, so this
+            // leaves one entry per held block, and its cost is paid for by the pushes since the
+            // last time.
             if heap.len() > 4 * count + 1024 {
-                heap = (0u32..)
-                    .zip(&held)
-                    .filter(|&(_, &when)| when != NOT_HELD)
-                    .map(|(b, &when)| (when, b))
-                    .collect();
+                heap.retain(|&(when, b)| held[b as usize] == when);
             }
         }
         misses
@@ -212,7 +218,7 @@ mod tests {
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
-        /// Long streams, many blocks: the heap (stale entries, rebuilds) keeps to the plain rule.
+        /// Long streams, many blocks: the heap (stale entries, pruning) keeps to the plain rule.
         #[test]
         fn the_heap_keeps_to_the_plain_rule(
             capacity in 1usize..200,
