@@ -60,9 +60,9 @@ zipf and OLTP traces; live >= 90% of capacity.
 
 --only NAME,... runs only these workloads (oltp: all its cache sizes) and merges their rows into
 the results already in --out (eviction.json), keeping the other rows and saying where each came
-from. Default run: 13 minutes on this 2-CPU machine with builds and tests beside it (load average
-9-15): the fio rows 5, recording the oltp trace 3, its two replays 1.5 each, preparing the database
-0.5 (once; kept in --workdir), the rest formatting caches and simulating. --quick: 2 minutes. The
+from. Default run: 19 minutes on this 2-CPU machine with nothing else running, 15.5 with
+--oltp-trace (no recording; stop 53, each row's `advise --engine` replay included; preparing the
+database is done once and kept in --workdir). --quick: 2 minutes. The
 oltp workload needs root (loop devices, mounts), /dev/fuse, nbdfuse, mariadbd and sysbench
 (scripts/install-deps.sh installs them).
 

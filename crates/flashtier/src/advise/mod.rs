@@ -352,7 +352,7 @@ fn analyse(args: &AdviseArgs) -> anyhow::Result<Analysis> {
                 lru: adjusted(lru_curve.reads - lru_curve.hits(s), expected),
                 fifo: adjusted(simulate(&sampled, Fifo::new(s as usize)), expected),
                 s3fifo: adjusted(simulate(&sampled, S3Fifo::new(s as usize)), expected),
-                opt: adjusted(next_reads.read_misses(&sampled, s as usize), expected),
+                opt: adjusted(next_reads.read_misses(s as usize), expected),
                 spread: (half(&halves[0]) - half(&halves[1])).abs(),
                 engine: None,
             }

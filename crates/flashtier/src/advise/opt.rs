@@ -29,14 +29,15 @@ const NOT_HELD: u64 = u64::MAX;
 /// For each access of a stream, its block numbered densely (so the simulation keeps a vector,
 /// not a hash map) and when that block is next read with nothing written or trimmed in between
 /// (an index into the stream, or [`NEVER`]). Computed once, simulated at many sizes.
-pub struct NextReads {
+pub struct NextReads<'a> {
+    stream: &'a [Access],
     ids: Vec<u32>,
     next: Vec<u64>,
     blocks: usize,
 }
 
-impl NextReads {
-    pub fn of(stream: &[Access]) -> NextReads {
+impl<'a> NextReads<'a> {
+    pub fn of(stream: &'a [Access]) -> NextReads<'a> {
         let mut dense: HashMap<u64, u32> = HashMap::new();
         let ids: Vec<u32> = stream
             .iter()
@@ -58,16 +59,15 @@ impl NextReads {
             };
         }
         NextReads {
+            stream,
             ids,
             next,
             blocks: dense.len(),
         }
     }
 
-    /// The read misses of the best possible cache of `capacity` blocks on `stream` (the one these
-    /// were computed from).
-    pub fn read_misses(&self, stream: &[Access], capacity: usize) -> u64 {
-        debug_assert_eq!(stream.len(), self.next.len());
+    /// The read misses of the best possible cache of `capacity` blocks on the stream.
+    pub fn read_misses(&self, capacity: usize) -> u64 {
         // Per block: its key while held (its next read; for a block worth nothing, NEVER plus the
         // index of the access that brought it, so every key is pushed once), else NOT_HELD. The
         // heap holds (key, block); an entry whose key is not the block's any more is stale.
@@ -75,7 +75,13 @@ impl NextReads {
         let mut count = 0usize;
         let mut heap: BinaryHeap<(u64, u32)> = BinaryHeap::new();
         let mut misses = 0u64;
-        for (i, ((&a, &id), &next)) in stream.iter().zip(&self.ids).zip(&self.next).enumerate() {
+        for (i, ((&a, &id), &next)) in self
+            .stream
+            .iter()
+            .zip(&self.ids)
+            .zip(&self.next)
+            .enumerate()
+        {
             let key = if next == NEVER {
                 NEVER + i as u64
             } else {
@@ -174,12 +180,12 @@ mod tests {
         // which brings it back for nothing (a Belady that counted writes as uses would keep 1).
         let s = [Read(1), Read(2), Write(1), Read(2)];
         let n = NextReads::of(&s);
-        assert_eq!(n.read_misses(&s, 1), 2, "only the two cold reads miss");
+        assert_eq!(n.read_misses(1), 2, "only the two cold reads miss");
         // Farthest next read goes: 3 is read last, so it is dropped for 4 and missed again.
         let s = [Read(1), Read(2), Read(3), Read(1), Read(2), Read(3)];
-        assert_eq!(NextReads::of(&s).read_misses(&s, 2), 4);
-        assert_eq!(NextReads::of(&s).read_misses(&s, 3), 3);
-        assert_eq!(NextReads::of(&s).read_misses(&s, 0), 6);
+        assert_eq!(NextReads::of(&s).read_misses(2), 4);
+        assert_eq!(NextReads::of(&s).read_misses(3), 3);
+        assert_eq!(NextReads::of(&s).read_misses(0), 6);
     }
 
     /// The rule written plainly: a list of what is held, scanned for the block read last.
@@ -225,7 +231,7 @@ mod tests {
             stream in prop::collection::vec(access_of(600), 3000..6000),
         ) {
             let n = NextReads::of(&stream);
-            prop_assert_eq!(n.read_misses(&stream, capacity), plain(&stream, capacity));
+            prop_assert_eq!(n.read_misses(capacity), plain(&stream, capacity));
         }
     }
 
@@ -237,7 +243,7 @@ mod tests {
             stream in prop::collection::vec(access(), 0..24),
         ) {
             let n = NextReads::of(&stream);
-            prop_assert_eq!(n.read_misses(&stream, capacity as usize), exhaustive(&stream, capacity));
+            prop_assert_eq!(n.read_misses(capacity as usize), exhaustive(&stream, capacity));
         }
 
         /// And so no policy misses less, at any size.
@@ -250,7 +256,7 @@ mod tests {
                 .into_iter()
                 .map(|(b, k)| if k < 7 { Access::Read(b) } else { Access::Write(b) })
                 .collect();
-            let opt = NextReads::of(&stream).read_misses(&stream, capacity);
+            let opt = NextReads::of(&stream).read_misses(capacity);
             let mut lru = LruStack::with_capacity(stream.len());
             for &a in &stream {
                 match a {

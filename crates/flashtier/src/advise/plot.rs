@@ -28,7 +28,7 @@ pub fn write(path: &Path, a: &Analysis, bs: u64, recommend_blocks: u64) -> anyho
         let t = (blocks.max(lo).min(hi).ln() - lo.ln()) / (hi.ln() - lo.ln());
         left + (t * (right - left) as f64).round() as i64
     };
-    // Headroom above the highest point, but never above 100%.
+    // Headroom above the highest point, but never above 100% (OPT is never the highest).
     let highest = a
         .rows
         .iter()
@@ -37,7 +37,6 @@ pub fn write(path: &Path, a: &Analysis, bs: u64, recommend_blocks: u64) -> anyho
                 r.lru,
                 r.fifo,
                 r.s3fifo,
-                r.opt,
                 r.engine.map_or(0.0, |e| e.miss_ratio),
             ]
         })
